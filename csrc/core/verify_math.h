@@ -1,0 +1,185 @@
+// Per-row math of speculative verification and sampling, shared by the CPU and
+// CUDA kernels, plus a scalar reference of one row over raw float arrays (used
+// by cpp_tests and as the readable statement of the algorithm).
+//
+// Notation for one row: logits l_i[v] at positions i = 0..K, inverse temperature
+// a = 1/T, y = l * a, m_i = max_v y_i[v], s_i = sum_v exp(y_i[v] - m_i), so the
+// target distribution is p_i[v] = e_i[v] / s_i with e_i[v] = exp(y_i[v] - m_i).
+//
+// * Ratio test (division-free): accept draft x at position i iff u * q * s < e,
+//   i.e. u * q_i(x) < p_i(x), u ~ U(0,1). p(x) = 0 is never accepted.
+// * Residual sampling by an exponential race: token = argmax_v w_v / E_v with
+//   w_v = max(0, p_v - q_v) and E_v ~ Exp(1) i.i.d. This samples v with
+//   probability w_v / sum(w) without computing the sum, and the winner is a pure
+//   function of per-entry noise, so it does not depend on how the row is split.
+//   If every w_v is 0 (p == q up to rounding) the same race runs on p.
+// * Bonus token (all K accepted): the race on p_K.
+// * Greedy rows (T == 0): accept iff x == argmax l_i (first index of the max);
+//   correction / bonus = argmax.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "macros.h"
+#include "rng.h"
+
+namespace specdec {
+
+// Running (max, sum of exp(x - max)) of a set of values.
+struct SoftmaxStats {
+  float max;
+  float sum;
+};
+
+SPECDEC_HD SoftmaxStats stats_empty() {
+  return SoftmaxStats{-std::numeric_limits<float>::infinity(), 0.0f};
+}
+
+// Merge two partial stats. Order-dependent only through float rounding.
+SPECDEC_HD SoftmaxStats stats_merge(SoftmaxStats a, SoftmaxStats b) {
+  if (!(a.max >= b.max)) {  // also takes b when a.max is NaN
+    const SoftmaxStats t = a;
+    a = b;
+    b = t;
+  }
+  if (b.sum == 0.0f) return a;  // includes an empty b (max = -inf)
+#if defined(__CUDA_ARCH__)
+  return SoftmaxStats{a.max, a.sum + b.sum * expf(b.max - a.max)};
+#else
+  return SoftmaxStats{a.max, a.sum + b.sum * std::exp(b.max - a.max)};
+#endif
+}
+
+// A logit that makes the row unusable: NaN or +inf (-inf is a masked token).
+SPECDEC_HD bool bad_logit(float x) { return x != x || x == std::numeric_limits<float>::infinity(); }
+
+// A probability that makes the row unusable: NaN, negative or +inf.
+SPECDEC_HD bool bad_prob(float q) { return !(q >= 0.0f) || q == std::numeric_limits<float>::infinity(); }
+
+// A position's max is usable when it is finite: NaN / +inf mean a bad logit,
+// -inf means every token is masked (no distribution).
+SPECDEC_HD bool usable_max(float m) { return m > -std::numeric_limits<float>::infinity() &&
+                                             m < std::numeric_limits<float>::infinity(); }
+
+// The ratio test u * q(x) < p(x) with p(x) = e / s, written without division.
+SPECDEC_HD bool ratio_test_accepts(float u, float q_x, float s, float e_x) { return u * q_x * s < e_x; }
+
+// Best entry of a race: highest key, ties to the lowest index (so the winner
+// does not depend on the order in which candidates are merged).
+struct RaceBest {
+  float key;
+  int64_t index;
+};
+
+SPECDEC_HD RaceBest race_empty() { return RaceBest{-1.0f, std::numeric_limits<int64_t>::max()}; }
+
+SPECDEC_HD bool race_better(float key, int64_t index, const RaceBest& best) {
+  return key > best.key || (key == best.key && index < best.index);
+}
+
+SPECDEC_HD RaceBest race_merge(RaceBest a, RaceBest b) { return race_better(b.key, b.index, a) ? b : a; }
+
+// Residual weight max(0, p - q) with p = e * inv_s.
+SPECDEC_HD float residual_weight(float e, float inv_s, float q) {
+  const float w = e * inv_s - q;
+  return w > 0.0f ? w : 0.0f;
+}
+
+// ---------------------------------------------------------------------------
+// Scalar reference of one verify row over float arrays.
+//   logits      [K+1, V] row-major, already float
+//   draft_probs [K, V] or nullptr (one-hot q at the draft ids)
+//   draft_ids   [K]
+//   tokens      [K+1] out; returns num_accepted, or -1 for an invalid row
+// ---------------------------------------------------------------------------
+struct ReferenceRowResult {
+  int64_t num_accepted;
+  bool valid;
+};
+
+inline SoftmaxStats reference_stats(const float* y_row_logits, int64_t V, float inv_t) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t v = 0; v < V; ++v) {
+    const float x = y_row_logits[v];
+    if (x != x) return SoftmaxStats{x, 0.0f};
+    m = x > m ? x : m;
+  }
+  const float my = m * inv_t;
+  float s = 0.0f;
+  if (usable_max(m))
+    for (int64_t v = 0; v < V; ++v) s += std::exp(y_row_logits[v] * inv_t - my);
+  return SoftmaxStats{my, s};
+}
+
+inline int64_t reference_argmax(const float* row, int64_t V) {
+  int64_t best = 0;
+  for (int64_t v = 1; v < V; ++v)
+    if (row[v] > row[best]) best = v;
+  return best;
+}
+
+inline ReferenceRowResult verify_row_reference(const float* logits, const float* draft_probs,
+                                               const int64_t* draft_ids, int64_t K, int64_t V,
+                                               float temperature, const RowRng& rng,
+                                               int64_t* tokens) {
+  for (int64_t i = 0; i <= K; ++i) tokens[i] = -1;
+  const ReferenceRowResult invalid{0, false};
+  if (!(temperature >= 0.0f)) return invalid;
+  for (int64_t i = 0; i < K; ++i)
+    if (draft_ids[i] < 0 || draft_ids[i] >= V) return invalid;
+  // Every position must be free of NaN / +inf, used or not.
+  for (int64_t i = 0; i <= K; ++i)
+    for (int64_t v = 0; v < V; ++v)
+      if (bad_logit(logits[i * V + v])) return invalid;
+
+  const bool greedy = temperature == 0.0f;
+  const float inv_t = greedy ? 1.0f : 1.0f / temperature;
+  int64_t j = K;  // first rejected position, K if all accepted
+  SoftmaxStats st{};
+  for (int64_t i = 0; i <= K; ++i) {
+    const float* row = logits + i * V;
+    st = reference_stats(row, V, inv_t);
+    if (!usable_max(st.max)) return invalid;
+    if (i == K) break;
+    const int64_t x = draft_ids[i];
+    bool accepted;
+    if (greedy) {
+      accepted = x == reference_argmax(row, V);
+    } else {
+      const float q_x = draft_probs ? draft_probs[i * V + x] : 1.0f;
+      if (bad_prob(q_x)) return invalid;
+      const float e_x = std::exp(row[x] * inv_t - st.max);
+      accepted = ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, st.sum, e_x);
+    }
+    if (!accepted) {
+      j = i;
+      break;
+    }
+  }
+  const float* row = logits + j * V;
+  int64_t token;
+  if (greedy) {
+    token = reference_argmax(row, V);
+  } else {
+    const float* q = (j < K && draft_probs) ? draft_probs + j * V : nullptr;
+    const float inv_s = 1.0f / st.sum;
+    RaceBest best = race_empty(), best_p = race_empty();
+    for (int64_t v = 0; v < V; ++v) {
+      const float e = std::exp(row[v] * inv_t - st.max);
+      float q_v = 0.0f;
+      if (j < K) q_v = q ? q[v] : (v == draft_ids[j] ? 1.0f : 0.0f);
+      if (bad_prob(q_v)) return invalid;
+      const float E = race_exponential(rng, kStreamVerifyRace, static_cast<uint32_t>(j), v);
+      const float w = residual_weight(e, inv_s, q_v);
+      if (race_better(w / E, v, best)) best = RaceBest{w / E, v};
+      if (race_better(e * inv_s / E, v, best_p)) best_p = RaceBest{e * inv_s / E, v};
+    }
+    token = best.key > 0.0f ? best.index : best_p.index;
+  }
+  for (int64_t i = 0; i < j; ++i) tokens[i] = draft_ids[i];
+  tokens[j] = token;
+  return ReferenceRowResult{j, true};
+}
+
+}  // namespace specdec

@@ -1,0 +1,346 @@
+// CPU kernels of specdec::verify and specdec::sample over raw pointers.
+//
+// Included once per instruction set (sampling_kernels_default.cpp,
+// sampling_kernels_avx2.cpp) with CPU_CAPABILITY set, so at::vec picks its
+// vector width and everything here lands in a namespace of that name (no ODR
+// clash between the two copies). Rows are independent: at::parallel_for splits
+// the batch, and each row is processed by one thread in a fixed order, so a
+// row's result depends only on its own inputs, seed and offset.
+//
+// Work per row: positions are visited in order and stop at the first
+// rejection (the ratio test needs the full softmax stats of the position, the
+// race needs one more pass over the rejected position only). Positions after
+// it get a cheap max pass so NaN / +inf anywhere in the row still marks it
+// invalid, exactly as in the CUDA kernel.
+#pragma once
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "../core/rng.h"
+#include "../core/sampling_params.h"
+#include "../core/verify_math.h"
+
+// DType -> C++ element type for the CPU kernels.
+#ifndef SPECDEC_CPU_DISPATCH
+#define SPECDEC_CPU_DISPATCH(dtype, NAME, ...)            \
+  switch (dtype) {                                        \
+    case ::specdec::DType::kFloat32: {                    \
+      using NAME = float;                                 \
+      __VA_ARGS__;                                        \
+    } break;                                              \
+    case ::specdec::DType::kFloat16: {                    \
+      using NAME = c10::Half;                             \
+      __VA_ARGS__;                                        \
+    } break;                                              \
+    case ::specdec::DType::kBFloat16: {                   \
+      using NAME = c10::BFloat16;                         \
+      __VA_ARGS__;                                        \
+    } break;                                              \
+  }
+#endif
+
+namespace specdec {
+namespace cpu {
+namespace CPU_CAPABILITY {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kTile = 1024;  // floats per tile: converted / scratch buffers stay in L1
+static_assert(kTile % 4 == 0, "tiles hold whole Philox groups");
+
+// Tile [v0, v0+n) of a row as float: the row itself for float, else converted into buf.
+template <typename T>
+inline const float* tile_as_float(const T* row, int64_t v0, int64_t n, float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return row + v0;
+  } else {
+    for (int64_t k = 0; k < n; ++k) buf[k] = static_cast<float>(row[v0 + k]);
+    return buf;
+  }
+}
+
+inline float hmax(const Vec& v) {
+  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, v);
+}
+inline float hmin(const Vec& v) {
+  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::minimum(a, b); }, v);
+}
+inline float hsum(const Vec& v) {
+  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, v);
+}
+
+// max over a row (NaN propagates) and the first index holding it.
+template <typename T>
+inline void row_max(const T* row, int64_t V, bool want_argmax, float& max_out, int64_t& argmax_out) {
+  alignas(64) float buf[kTile];
+  float m = -std::numeric_limits<float>::infinity();
+  int64_t arg = 0;
+  for (int64_t v0 = 0; v0 < V; v0 += kTile) {
+    const int64_t n = std::min(kTile, V - v0);
+    const float* x = tile_as_float(row, v0, n, buf);
+    Vec vm(-std::numeric_limits<float>::infinity());
+    int64_t k = 0;
+    for (; k + Vec::size() <= n; k += Vec::size()) vm = at::vec::maximum(vm, Vec::loadu(x + k));
+    float tm = hmax(vm);
+    for (; k < n; ++k) tm = (x[k] != x[k] || x[k] > tm) ? x[k] : tm;
+    if (tm != tm) {  // NaN: the row is bad, nothing else matters
+      max_out = tm;
+      argmax_out = 0;
+      return;
+    }
+    if (tm > m) {
+      m = tm;
+      if (want_argmax)
+        for (int64_t t = 0; t < n; ++t)
+          if (x[t] == tm) { arg = v0 + t; break; }
+    }
+  }
+  max_out = m;
+  argmax_out = arg;
+}
+
+// sum_v exp(l_v * inv_t - my) over a row.
+template <typename T>
+inline float row_sum_exp(const T* row, int64_t V, float inv_t, float my) {
+  alignas(64) float buf[kTile];
+  const Vec va(inv_t), vmy(my);
+  Vec acc(0.0f);
+  float tail = 0.0f;
+  for (int64_t v0 = 0; v0 < V; v0 += kTile) {
+    const int64_t n = std::min(kTile, V - v0);
+    const float* x = tile_as_float(row, v0, n, buf);
+    int64_t k = 0;
+    for (; k + Vec::size() <= n; k += Vec::size())
+      acc = acc + at::vec::fmadd(Vec::loadu(x + k), va, -vmy).exp_u20();
+    for (; k < n; ++k) tail += std::exp(x[k] * inv_t - my);
+  }
+  return hsum(acc) + tail;
+}
+
+// Exponentials E_v for v in [v0, v0 + n), n a multiple of 4 or the row's end.
+inline void race_exponentials(const RowRng& rng, uint32_t stream, uint32_t position, int64_t v0,
+                              int64_t n, float* out) {
+  alignas(64) uint32_t bits[kTile];
+  const int64_t groups = (n + 3) / 4;
+  const uint32_t g0 = static_cast<uint32_t>(v0 >> 2);
+  for (int64_t g = 0; g < groups; ++g) {
+    const Philox4 r = rng.block(stream, position, g0 + static_cast<uint32_t>(g));
+    bits[4 * g + 0] = r.x[0];
+    bits[4 * g + 1] = r.x[1];
+    bits[4 * g + 2] = r.x[2];
+    bits[4 * g + 3] = r.x[3];
+  }
+  for (int64_t k = 0; k < n; ++k) out[k] = uniform_open01(bits[k]);
+  int64_t k = 0;
+  for (; k + Vec::size() <= n; k += Vec::size()) (-Vec::loadu(out + k).log()).store(out + k);
+  for (; k < n; ++k) out[k] = -std::log(out[k]);
+}
+
+// Fold tile keys [n] (entries v0..v0+n-1) into the race.
+inline void race_fold(const float* keys, int64_t v0, int64_t n, RaceBest& best) {
+  Vec vm(-1.0f);
+  int64_t k = 0;
+  for (; k + Vec::size() <= n; k += Vec::size()) vm = at::vec::maximum(vm, Vec::loadu(keys + k));
+  float tm = hmax(vm);
+  for (; k < n; ++k) tm = keys[k] > tm ? keys[k] : tm;
+  if (tm > best.key)  // ties keep the earlier (lower) index already held
+    for (int64_t t = 0; t < n; ++t)
+      if (keys[t] == tm) { best = RaceBest{tm, v0 + t}; break; }
+}
+
+// One race pass over a row: w_v = max(0, e_v / s - q_v) (or e_v / s when
+// use_p), key w_v / E_v. q_mode: 0 = no q (bonus), 1 = one-hot at `draft`,
+// 2 = dense q row. Returns false if the dense q row holds a bad probability.
+template <typename T, typename TQ>
+inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, int q_mode,
+                     const TQ* q_row, int64_t draft, bool use_p, const RowRng& rng,
+                     uint32_t stream, uint32_t position, RaceBest& best) {
+  alignas(64) float buf[kTile];
+  alignas(64) float qbuf[kTile];
+  alignas(64) float w[kTile];
+  alignas(64) float E[kTile];
+  const float inv_s = 1.0f / st.sum;
+  const Vec va(inv_t), vmy(st.max), vis(inv_s), zero(0.0f);
+  for (int64_t v0 = 0; v0 < V; v0 += kTile) {
+    const int64_t n = std::min(kTile, V - v0);
+    const float* x = tile_as_float(row, v0, n, buf);
+    const float* q = (q_mode == 2 && !use_p) ? tile_as_float(q_row, v0, n, qbuf) : nullptr;
+    Vec any(0.0f), qmin(0.0f), qmax(0.0f);
+    int64_t k = 0;
+    for (; k + Vec::size() <= n; k += Vec::size()) {
+      Vec p = at::vec::fmadd(Vec::loadu(x + k), va, -vmy).exp_u20() * vis;
+      if (q) {
+        const Vec vq = Vec::loadu(q + k);
+        qmin = at::vec::minimum(qmin, vq);
+        qmax = at::vec::maximum(qmax, vq);
+        p = at::vec::maximum(p - vq, zero);
+      }
+      p.store(w + k);
+      any = at::vec::maximum(any, p);
+    }
+    float tail_any = 0.0f;
+    for (; k < n; ++k) {
+      const float e = std::exp(x[k] * inv_t - st.max);
+      float p = e * inv_s;
+      if (q) {
+        if (bad_prob(q[k])) return false;
+        p = residual_weight(e, inv_s, q[k]);
+      }
+      w[k] = p;
+      tail_any = std::max(tail_any, p);
+    }
+    if (q && (bad_prob(hmin(qmin)) || bad_prob(hmax(qmax)))) return false;
+    if (q_mode == 1 && !use_p && draft >= v0 && draft < v0 + n) w[draft - v0] = 0.0f;
+    if (hmax(any) <= 0.0f && tail_any <= 0.0f) continue;  // no mass here: skip the RNG work
+    race_exponentials(rng, stream, position, v0, n, E);
+    k = 0;
+    for (; k + Vec::size() <= n; k += Vec::size()) (Vec::loadu(w + k) / Vec::loadu(E + k)).store(w + k);
+    for (; k < n; ++k) w[k] = w[k] / E[k];
+    race_fold(w, v0, n, best);
+  }
+  return true;
+}
+
+template <typename TL, typename TQ>
+void verify_rows(const VerifyParams& P) {
+  at::parallel_for(0, P.B, 1, [&](int64_t b_begin, int64_t b_end) {
+    for (int64_t b = b_begin; b < b_end; ++b) {
+      const int64_t K = P.K, V = P.V;
+      int64_t* tokens = P.tokens + b * (K + 1);
+      for (int64_t i = 0; i <= K; ++i) tokens[i] = -1;
+      P.num_accepted[b] = 0;
+      P.valid[b] = false;
+
+      const float temperature = P.temperature.get(b);
+      if (!(temperature >= 0.0f)) continue;
+      const int64_t* draft = P.draft_ids + b * K;
+      bool ok = true;
+      for (int64_t i = 0; i < K; ++i) ok = ok && draft[i] >= 0 && draft[i] < V;
+      if (!ok) continue;
+
+      const bool greedy = temperature == 0.0f;
+      const float inv_t = greedy ? 1.0f : 1.0f / temperature;
+      const RowRng rng(row_key(static_cast<uint64_t>(P.rnd.seed.get(b)), b, P.rnd.per_row_seed),
+                       static_cast<uint64_t>(P.rnd.offset.get(b)));
+      const TL* logits = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
+      const TQ* probs = P.draft_probs ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b
+                                      : nullptr;
+
+      int64_t j = -1;  // first rejected position (K = all accepted); -1 while undecided
+      int64_t token = -1;
+      for (int64_t i = 0; i <= K && ok; ++i) {
+        const TL* row = logits + i * P.logits_stride_k;
+        float m;
+        int64_t arg;
+        row_max(row, V, greedy && j < 0, m, arg);
+        if (j >= 0) {  // decided already: only NaN / +inf matter here
+          ok = !(m != m || m == std::numeric_limits<float>::infinity());
+          continue;
+        }
+        if (!usable_max(m)) { ok = false; break; }
+        if (greedy) {
+          if (i == K || draft[i] != arg) { j = i; token = arg; }
+          continue;
+        }
+        const SoftmaxStats st{m * inv_t, row_sum_exp(row, V, inv_t, m * inv_t)};
+        bool accepted = false;
+        if (i < K) {
+          const int64_t x = draft[i];
+          const float q_x = probs ? static_cast<float>(probs[i * P.probs_stride_k + x]) : 1.0f;
+          if (bad_prob(q_x)) { ok = false; break; }
+          const float e_x = std::exp(static_cast<float>(row[x]) * inv_t - st.max);
+          accepted = ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, st.sum, e_x);
+        }
+        if (accepted) continue;
+        j = i;
+        const int q_mode = i == K ? 0 : (probs ? 2 : 1);
+        const TQ* q_row = probs ? probs + i * P.probs_stride_k : nullptr;
+        const int64_t x = i < K ? draft[i] : -1;
+        RaceBest best = race_empty();
+        ok = race_row(row, V, inv_t, st, q_mode, q_row, x, false, rng, kStreamVerifyRace,
+                      static_cast<uint32_t>(i), best);
+        if (ok && !(best.key > 0.0f)) {  // residual all zero: sample from p
+          best = race_empty();
+          race_row(row, V, inv_t, st, q_mode, q_row, x, true, rng, kStreamVerifyRace,
+                   static_cast<uint32_t>(i), best);
+        }
+        token = best.index;
+      }
+      if (!ok) continue;
+      for (int64_t i = 0; i < j; ++i) tokens[i] = draft[i];
+      tokens[j] = token;
+      P.num_accepted[b] = j;
+      P.valid[b] = true;
+    }
+  });
+}
+
+template <typename TL>
+void sample_rows(const SampleParams& P) {
+  at::parallel_for(0, P.B, 1, [&](int64_t b_begin, int64_t b_end) {
+    for (int64_t b = b_begin; b < b_end; ++b) {
+      const int64_t V = P.V;
+      const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
+      float* probs = P.probs_out ? P.probs_out + b * P.probs_stride_b : nullptr;
+      P.tokens[b] = -1;
+      const float temperature = P.temperature.get(b);
+      float m;
+      int64_t arg;
+      const bool greedy = temperature == 0.0f;
+      row_max(row, V, greedy, m, arg);
+      if (!(temperature >= 0.0f) || !usable_max(m)) {  // invalid row: token -1, probs 0
+        if (probs) std::fill(probs, probs + V, 0.0f);
+        continue;
+      }
+      if (greedy) {
+        P.tokens[b] = arg;
+        if (probs) {
+          std::fill(probs, probs + V, 0.0f);
+          probs[arg] = 1.0f;
+        }
+        continue;
+      }
+      const float inv_t = 1.0f / temperature;
+      const RowRng rng(row_key(static_cast<uint64_t>(P.rnd.seed.get(b)), b, P.rnd.per_row_seed),
+                       static_cast<uint64_t>(P.rnd.offset.get(b)));
+      const SoftmaxStats st{m * inv_t, row_sum_exp(row, V, inv_t, m * inv_t)};
+      RaceBest best = race_empty();
+      race_row<TL, float>(row, V, inv_t, st, 0, nullptr, -1, true, rng, kStreamSampleRace, 0, best);
+      P.tokens[b] = best.index;
+      if (probs) {
+        alignas(64) float buf[kTile];
+        const float inv_s = 1.0f / st.sum;
+        const Vec va(inv_t), vmy(st.max), vis(inv_s);
+        for (int64_t v0 = 0; v0 < V; v0 += kTile) {
+          const int64_t n = std::min(kTile, V - v0);
+          const float* x = tile_as_float(row, v0, n, buf);
+          int64_t k = 0;
+          for (; k + Vec::size() <= n; k += Vec::size())
+            (at::vec::fmadd(Vec::loadu(x + k), va, -vmy).exp_u20() * vis).store(probs + v0 + k);
+          for (; k < n; ++k) probs[v0 + k] = std::exp(x[k] * inv_t - st.max) * inv_s;
+        }
+      }
+    }
+  });
+}
+
+// Entry points with the dtypes resolved here (one copy per instruction set).
+inline void verify(const VerifyParams& P, DType logits_dtype, DType probs_dtype) {
+  SPECDEC_CPU_DISPATCH(logits_dtype, TL, {
+    SPECDEC_CPU_DISPATCH(probs_dtype, TQ, { verify_rows<TL, TQ>(P); });
+  });
+}
+
+inline void sample(const SampleParams& P, DType logits_dtype) {
+  SPECDEC_CPU_DISPATCH(logits_dtype, TL, { sample_rows<TL>(P); });
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace cpu
+}  // namespace specdec

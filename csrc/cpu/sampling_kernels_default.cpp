@@ -1,0 +1,10 @@
+// The CPU sampling kernels for any x86-64 / other CPU (at::vec's DEFAULT width).
+#define CPU_CAPABILITY DEFAULT
+#define CPU_CAPABILITY_DEFAULT
+#include "sampling_kernels.h"
+#include "sampling_kernels_entry.h"
+
+namespace specdec::cpu {
+void verify_default(const VerifyParams& P, DType tl, DType tq) { DEFAULT::verify(P, tl, tq); }
+void sample_default(const SampleParams& P, DType tl) { DEFAULT::sample(P, tl); }
+}  // namespace specdec::cpu

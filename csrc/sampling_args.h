@@ -1,0 +1,38 @@
+// Tensor-facing argument handling of the sampling ops, shared by the CPU and
+// CUDA launchers: every user error is a TORCH_CHECK naming the argument, and
+// the result is a raw-pointer parameter block plus the output tensors.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <vector>
+
+#include "core/sampling_params.h"
+
+namespace specdec {
+
+struct VerifyLaunch {
+  VerifyParams params;
+  DType logits_dtype = DType::kFloat32;
+  DType probs_dtype = DType::kFloat32;
+  at::Tensor tokens, num_accepted, valid;  // outputs
+  std::vector<at::Tensor> keep_alive;      // converted inputs the params point into
+};
+
+struct SampleLaunch {
+  SampleParams params;
+  DType logits_dtype = DType::kFloat32;
+  at::Tensor tokens;                   // output
+  std::vector<at::Tensor> keep_alive;
+};
+
+VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+                            const std::optional<at::Tensor>& draft_probs,
+                            const at::Tensor& temperature, const at::Tensor& seed,
+                            const at::Tensor& offset);
+
+SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperature,
+                            const at::Tensor& seed, const at::Tensor& offset,
+                            const std::optional<at::Tensor>& probs_out);
+
+}  // namespace specdec

@@ -1,0 +1,130 @@
+"""Python entry points of the fused sampling ops (thin wrappers over torch.ops.specdec)."""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Union
+
+import torch
+
+Number = Union[int, float]
+IntOrTensor = Union[int, torch.Tensor, None]
+
+_SEED_HIGH = 2**62
+
+
+class VerifyResult(NamedTuple):
+    """Result of :func:`verify`.
+
+    tokens       int64 [B, K+1]: accepted drafts, then the correction (or bonus) token, then -1
+    num_accepted int64 [B] in [0, K]: row b emits num_accepted[b] + 1 tokens
+    valid        bool  [B]: False for a row with NaN / +inf logits or probabilities (in the
+                 entries the op reads), a draft id outside [0, V), a negative / NaN per-row
+                 temperature, or a used position whose logits are all -inf; such a row has
+                 tokens all -1 and num_accepted 0
+    """
+
+    tokens: torch.Tensor
+    num_accepted: torch.Tensor
+    valid: torch.Tensor
+
+
+def _temperature_arg(temperature) -> torch.Tensor:
+    if isinstance(temperature, torch.Tensor):
+        return temperature
+    temperature = float(temperature)
+    if not temperature >= 0.0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    return torch.tensor(temperature, dtype=torch.float32)
+
+
+def _int_arg(value: IntOrTensor, name: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    if value is None:
+        # Drawn from torch's default CPU generator: torch.manual_seed makes runs repeatable,
+        # and no device sync happens.
+        return torch.randint(0, _SEED_HIGH, (), dtype=torch.int64)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be None, an int or an int64 tensor, got {type(value).__name__}")
+    if not -(2**63) <= value < 2**64:
+        raise ValueError(f"{name} must fit in 64 bits, got {value}")
+    if value >= 2**63:
+        value -= 2**64
+    return torch.tensor(value, dtype=torch.int64)
+
+
+def verify(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: Optional[torch.Tensor] = None,
+    temperature: Union[Number, torch.Tensor] = 1.0,
+    *,
+    seed: IntOrTensor = None,
+    offset: Union[int, torch.Tensor] = 0,
+) -> VerifyResult:
+    """Verify K drafted tokens per row against the target model, in one fused op.
+
+    Speculative sampling (Leviathan et al. / Chen et al.): draft x_i is accepted with
+    probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection a token is drawn
+    from max(0, p_i - q_i) normalised; if all K are accepted a bonus token is drawn
+    from p_K. The emitted tokens are distributed exactly as sampling from the target.
+
+    Parameters
+    ----------
+    target_logits : Tensor [B, K+1, V] float32 | float16 | bfloat16
+        Target logits at the last committed token and the K drafts. Read natively,
+        math in float32. Any strides (a vocab dim with stride != 1 is copied).
+    draft_token_ids : Tensor [B, K] int64 | int32
+    draft_probs : Tensor [B, K, V] float32 | float16 | bfloat16, optional
+        The distributions the drafts were sampled from (after the draft's
+        temperature), e.g. from :func:`sample` with ``probs_out``. None means
+        deterministic drafts (n-gram, greedy drafter): q is one-hot at the draft.
+    temperature : float or Tensor [B] float32
+        Target temperature; 0 (per row) means greedy: accept iff the draft is the
+        argmax, correction / bonus = argmax.
+    seed : None, int, or Tensor [] / [B] int64 (any device)
+        None draws one from torch's default generator. An int seeds every row with
+        its own stream (the row index joins the key); a [B] tensor gives each row
+        (request) its own seed, so its result does not depend on its batch position.
+    offset : int or Tensor [] / [B] int64 (any device)
+        Philox counter offset; advance it between calls for fresh randomness. A
+        device tensor lets a captured CUDA graph replay with new numbers.
+
+    Returns
+    -------
+    VerifyResult(tokens [B, K+1] int64, num_accepted [B] int64, valid [B] bool)
+    """
+    tokens, num_accepted, valid = torch.ops.specdec.verify(
+        target_logits, draft_token_ids, draft_probs, _temperature_arg(temperature),
+        _int_arg(seed, "seed"), _int_arg(offset, "offset"))
+    return VerifyResult(tokens, num_accepted, valid)
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: Union[Number, torch.Tensor] = 1.0,
+    *,
+    seed: IntOrTensor = None,
+    offset: Union[int, torch.Tensor] = 0,
+    probs_out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Draw one token per row from softmax(logits / temperature), in one fused op.
+
+    Parameters
+    ----------
+    logits : Tensor [B, V] float32 | float16 | bfloat16 (any row stride)
+    temperature : float or Tensor [B] float32; 0 = argmax (greedy)
+    seed, offset : as in :func:`verify` (a separate random stream: the same seed in
+        both ops gives independent numbers)
+    probs_out : Tensor [B, V] float32, optional
+        Written in place with the normalised probabilities the token was drawn from
+        (one-hot at the argmax for a greedy row); may be a strided slice such as
+        ``draft_probs[:, i]`` so K draft steps feed :func:`verify` with no host sync.
+
+    Returns
+    -------
+    Tensor [B] int64: the sampled ids (-1 for a row whose logits hold NaN / +inf or
+    are all -inf, or whose tensor temperature is negative; its probs_out row is 0).
+    """
+    return torch.ops.specdec.sample(
+        logits, _temperature_arg(temperature), _int_arg(seed, "seed"), _int_arg(offset, "offset"),
+        probs_out)
