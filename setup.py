@@ -15,8 +15,23 @@ import sys
 
 from setuptools import find_packages, setup
 
-import torch
-from torch.utils import cpp_extension
+
+def _default_cuda_home():
+    """CUDA_HOME, else the standard prefix when nvcc lives there. torch would
+    otherwise guess from `which nvcc`, and a /usr/local/bin/nvcc wrapper makes
+    it guess /usr/local (no lib64/libcudart there)."""
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    for prefix in ("/usr/local/cuda", "/opt/cuda"):
+        if os.path.exists(os.path.join(prefix, "bin", "nvcc")):
+            os.environ["CUDA_HOME"] = prefix
+            return
+
+
+_default_cuda_home()
+
+import torch  # noqa: E402  (after CUDA_HOME is settled: cpp_extension reads it at import)
+from torch.utils import cpp_extension  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 

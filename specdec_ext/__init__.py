@@ -6,6 +6,8 @@ with Python wrappers that document every shape:
 - :func:`verify`  fused chain verification of K drafts from the target's logits
 - :func:`sample`  fused draft-step sampler (temperature softmax + one draw)
 """
+import torch  # noqa: F401  (must come first: _C links against libtorch)
+
 from . import _C  # noqa: F401  (loads the library: registers torch.ops.specdec.*)
 from . import _fake  # noqa: F401  (fake kernels for torch.compile)
 from .sampling import VerifyResult, sample, verify
