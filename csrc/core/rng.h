@@ -53,14 +53,15 @@ struct RowRng {
   }
 };
 
-// 24 random bits -> uniform in the OPEN interval (0, 1): (k + 0.5) / 2^24 is
-// exact in float32 and never 0 or 1, so u * q < p never accepts p == 0 and the
-// exponential -log(u) is finite and > 0.
+// 23 random bits -> uniform in the OPEN interval (0, 1): (k + 0.5) / 2^23 with
+// k < 2^23 needs 24 significant bits, so it is exact in float32 and lies in
+// [2^-24, 1 - 2^-24]: never 0 or 1. Hence u * q < p never accepts p == 0, and
+// the exponential -log(u) is finite and > 0 (a race key w / E is never inf/NaN).
 SPECDEC_HD float uniform_open01(uint32_t bits) {
-  return (static_cast<float>(bits >> 8) + 0.5f) * (1.0f / 16777216.0f);
+  return (static_cast<float>(bits >> 9) + 0.5f) * (1.0f / 8388608.0f);
 }
 
-// Exponential(1) from 24 random bits: E = -log(u), E in (6e-8, 17.4).
+// Exponential(1) from 23 random bits: E = -log(u), E in [6e-8, 16.7].
 SPECDEC_HD float exponential_from_bits(uint32_t bits) {
 #if defined(__CUDA_ARCH__)
   return -logf(uniform_open01(bits));

@@ -1,0 +1,81 @@
+"""Closed-form distributions of speculative sampling and a chi-square test.
+
+Everything here is float64 and independent of the package's kernels.
+"""
+import numpy as np
+import torch
+from scipy import stats
+
+# Significance of every goodness-of-fit test in this suite. Seeds are fixed, so a
+# test either always passes or always fails; 1e-3 keeps a correct kernel's chance
+# of a false alarm per test at 0.1%.
+ALPHA = 1e-3
+
+
+def softmax64(logits: torch.Tensor, temperature: float) -> np.ndarray:
+    """logits [..., V] (any float dtype, as stored) -> float64 probabilities."""
+    x = logits.detach().cpu().double()
+    if temperature == 0:
+        out = torch.zeros_like(x)
+        out.scatter_(-1, x.argmax(-1, keepdim=True), 1.0)
+        return out.numpy()
+    return torch.softmax(x / temperature, dim=-1).numpy()
+
+
+def verify_joint(p: np.ndarray, q: np.ndarray | None, draft: np.ndarray) -> np.ndarray:
+    """Exact P(num_accepted = k, emitted token = t) for one row.
+
+    p [K+1, V] target probabilities, q [K, V] draft probabilities (None = one-hot at
+    the drafts), draft [K] ids. Returns [K+1, V]; row k is the distribution of the
+    token emitted at position k given that k drafts were accepted.
+    """
+    K1, V = p.shape
+    K = K1 - 1
+    if q is None:
+        q = np.zeros((K, V))
+        q[np.arange(K), draft] = 1.0
+    out = np.zeros((K1, V))
+    reach = 1.0
+    for k in range(K):
+        x = draft[k]
+        # accept iff u * q(x) < p(x), u ~ U(0,1)
+        a = min(1.0, p[k, x] / q[k, x]) if q[k, x] > 0 else float(p[k, x] > 0)
+        resid = np.maximum(p[k] - q[k], 0.0)
+        resid = resid / resid.sum() if resid.sum() > 0 else p[k]
+        out[k] = reach * (1.0 - a) * resid
+        reach *= a
+    out[K] = reach * p[K]
+    return out
+
+
+def chi_square_pvalue(counts: np.ndarray, expected_probs: np.ndarray, min_expected: float = 5.0) -> float:
+    """Pearson chi-square goodness of fit; cells with expected count < min_expected
+    are merged into one cell (and a cell with zero probability but observations
+    fails outright)."""
+    counts = np.asarray(counts, dtype=np.float64).ravel()
+    probs = np.asarray(expected_probs, dtype=np.float64).ravel()
+    n = counts.sum()
+    assert n > 0
+    impossible = (probs <= 0) & (counts > 0)
+    if impossible.any():
+        return 0.0
+    exp = probs / probs.sum() * n
+    big = exp >= min_expected
+    obs_cells = list(counts[big])
+    exp_cells = list(exp[big])
+    if (~big).any() and exp[~big].sum() > 0:
+        obs_cells.append(counts[~big].sum())
+        exp_cells.append(exp[~big].sum())
+    if len(obs_cells) < 2:
+        return 1.0
+    obs_cells, exp_cells = np.array(obs_cells), np.array(exp_cells)
+    chi2 = ((obs_cells - exp_cells) ** 2 / exp_cells).sum()
+    return float(stats.chi2.sf(chi2, df=len(obs_cells) - 1))
+
+
+def joint_counts(tokens: torch.Tensor, num_accepted: torch.Tensor, K: int, V: int) -> np.ndarray:
+    """Histogram [K+1, V] of (num_accepted, emitted token) over rows."""
+    n = num_accepted.cpu().long()
+    t = tokens.cpu().long().gather(1, n.view(-1, 1)).view(-1)
+    assert (t >= 0).all() and (t < V).all()
+    return torch.bincount(n * V + t, minlength=(K + 1) * V).view(K + 1, V).numpy()
