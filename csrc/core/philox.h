@@ -36,7 +36,9 @@ SPECDEC_HD void mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
 SPECDEC_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
                                  uint32_t k0, uint32_t k1) {
   using namespace philox_detail;
+#if defined(__CUDACC__)
 #pragma unroll
+#endif
   for (int round = 0; round < 10; ++round) {
     uint32_t hi0, lo0, hi1, lo1;
     mulhilo(kMul0, c0, hi0, lo0);
