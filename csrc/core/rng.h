@@ -4,10 +4,10 @@
 //   Philox key     = 64-bit row key (see row_key)
 //   Philox counter = { index, position | stream << 24, offset_lo, offset_hi }
 //
-// `index` is the draw number (ratio-test uniform: 0) or the vocabulary group
-// v / 4 (one Philox block gives the exponentials of 4 consecutive tokens).
-// `position` is the draft position 0..K (K < 2^24). Streams keep the ratio
-// test, the verify race and the draft sampler's race apart.
+// `index` is the draw number (ratio-test uniform: 0), the vocabulary group v / 4
+// (one Philox block gives the exponentials of 4 consecutive tokens) or the tile
+// group t / 4 of the coarse race (see verify_math.h). `position` is the draft
+// position 0..K (K < 2^24). Streams keep every kind of draw apart.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -19,8 +19,10 @@ namespace specdec {
 
 enum RngStream : uint32_t {
   kStreamAcceptUniform = 0,  // verify: u_i of the ratio test at position i
-  kStreamVerifyRace = 1,     // verify: exponentials E_v of residual / bonus sampling
-  kStreamSampleRace = 2,     // sample: exponentials E_v of the draft-step sampler
+  kStreamVerifyRace = 1,     // verify: token exponentials E_v of residual / bonus sampling
+  kStreamSampleRace = 2,     // sample: token exponentials E_v of the draft-step sampler
+  kStreamVerifyTile = 3,     // verify: tile exponentials of the coarse race
+  kStreamSampleTile = 4,     // sample: tile exponentials of the coarse race
 };
 
 constexpr int64_t kMaxPositions = (int64_t(1) << 24);
@@ -75,7 +77,8 @@ SPECDEC_HD float accept_uniform(const RowRng& rng, uint32_t position) {
   return uniform_open01(rng.block(kStreamAcceptUniform, position, 0).x[0]);
 }
 
-// The exponential of vocabulary entry v for a race at `position` on `stream`.
+// The exponential of entry v (a token, or a tile of the coarse race) for a race
+// at `position` on `stream`.
 SPECDEC_HD float race_exponential(const RowRng& rng, uint32_t stream, uint32_t position,
                                   int64_t v) {
   const Philox4 r = rng.block(stream, position, static_cast<uint32_t>(v >> 2));

@@ -8,11 +8,17 @@
 //
 // * Ratio test (division-free): accept draft x at position i iff u * q * s < e,
 //   i.e. u * q_i(x) < p_i(x), u ~ U(0,1). p(x) = 0 is never accepted.
-// * Residual sampling by an exponential race: token = argmax_v w_v / E_v with
-//   w_v = max(0, p_v - q_v) and E_v ~ Exp(1) i.i.d. This samples v with
-//   probability w_v / sum(w) without computing the sum, and the winner is a pure
-//   function of per-entry noise, so it does not depend on how the row is split.
-//   If every w_v is 0 (p == q up to rounding) the same race runs on p.
+// * Residual sampling by a two-level exponential race. With weights
+//   w_v = max(0, p_v - q_v) and fixed tiles of kRaceTile consecutive tokens:
+//     coarse: tile t* = argmax_t W_t / E'_t,  W_t = sum of w over tile t
+//     fine:   token   = argmax_{v in t*} w_v / E_v
+//   with independent E ~ Exp(1). The coarse race picks t with probability
+//   W_t / sum(W), the fine race v with probability w_v / W_t, so v is drawn with
+//   probability w_v / sum(w) exactly, without normalising, and only one tile
+//   needs per-token random numbers. Tiles are fixed in token space, so the
+//   result does not depend on how a row is split across threads or blocks (up
+//   to float rounding of the tile sums). If every w_v is 0 (p == q up to
+//   rounding) the same race runs on p.
 // * Bonus token (all K accepted): the race on p_K.
 // * Greedy rows (T == 0): accept iff x == argmax l_i (first index of the max);
 //   correction / bonus = argmax.
@@ -71,6 +77,10 @@ struct RaceBest {
   float key;
   int64_t index;
 };
+
+// Tokens per tile of the coarse race (a multiple of 4: one Philox block gives
+// 4 token exponentials; 128 = one CUDA warp x 4 tokens).
+constexpr int64_t kRaceTile = 128;
 
 SPECDEC_HD RaceBest race_empty() { return RaceBest{-1.0f, std::numeric_limits<int64_t>::max()}; }
 
@@ -164,18 +174,37 @@ inline ReferenceRowResult verify_row_reference(const float* logits, const float*
   } else {
     const float* q = (j < K && draft_probs) ? draft_probs + j * V : nullptr;
     const float inv_s = 1.0f / st.sum;
-    RaceBest best = race_empty(), best_p = race_empty();
-    for (int64_t v = 0; v < V; ++v) {
+    // weight of token v in the residual (use_p = false) or in p (use_p = true)
+    auto weight = [&](int64_t v, bool use_p, bool& bad) {
       const float e = std::exp(row[v] * inv_t - st.max);
+      if (use_p) return e * inv_s;
       float q_v = 0.0f;
       if (j < K) q_v = q ? q[v] : (v == draft_ids[j] ? 1.0f : 0.0f);
-      if (bad_prob(q_v)) return invalid;
-      const float E = race_exponential(rng, kStreamVerifyRace, static_cast<uint32_t>(j), v);
-      const float w = residual_weight(e, inv_s, q_v);
-      if (race_better(w / E, v, best)) best = RaceBest{w / E, v};
-      if (race_better(e * inv_s / E, v, best_p)) best_p = RaceBest{e * inv_s / E, v};
+      bad = bad || bad_prob(q_v);
+      return residual_weight(e, inv_s, q_v);
+    };
+    bool bad = false;
+    RaceBest tile_w = race_empty(), tile_p = race_empty();
+    for (int64_t t = 0; t * kRaceTile < V; ++t) {
+      float W = 0.0f, Pt = 0.0f;
+      for (int64_t v = t * kRaceTile; v < V && v < (t + 1) * kRaceTile; ++v) {
+        W += weight(v, false, bad);
+        Pt += weight(v, true, bad);
+      }
+      const float E = race_exponential(rng, kStreamVerifyTile, static_cast<uint32_t>(j), t);
+      if (race_better(W / E, t, tile_w)) tile_w = RaceBest{W / E, t};
+      if (race_better(Pt / E, t, tile_p)) tile_p = RaceBest{Pt / E, t};
     }
-    token = best.key > 0.0f ? best.index : best_p.index;
+    if (bad) return invalid;
+    const bool use_p = !(tile_w.key > 0.0f);
+    const int64_t t = use_p ? tile_p.index : tile_w.index;
+    RaceBest best = race_empty();
+    for (int64_t v = t * kRaceTile; v < V && v < (t + 1) * kRaceTile; ++v) {
+      const float E = race_exponential(rng, kStreamVerifyRace, static_cast<uint32_t>(j), v);
+      const float key = weight(v, use_p, bad) / E;
+      if (race_better(key, v, best)) best = RaceBest{key, v};
+    }
+    token = best.index;
   }
   for (int64_t i = 0; i < j; ++i) tokens[i] = draft_ids[i];
   tokens[j] = token;

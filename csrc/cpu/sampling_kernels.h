@@ -123,18 +123,15 @@ inline float row_sum_exp(const T* row, int64_t V, float inv_t, float my) {
   return hsum(acc) + tail;
 }
 
-// Exponentials E_v for v in [v0, v0 + n), n a multiple of 4 or the row's end.
+// Exponentials E_v for v in [v0, v0 + n), v0 a multiple of 4, n <= kTile.
 inline void race_exponentials(const RowRng& rng, uint32_t stream, uint32_t position, int64_t v0,
                               int64_t n, float* out) {
-  alignas(64) uint32_t bits[kTile];
+  alignas(64) uint32_t bits[kTile + 4];
   const int64_t groups = (n + 3) / 4;
   const uint32_t g0 = static_cast<uint32_t>(v0 >> 2);
   for (int64_t g = 0; g < groups; ++g) {
     const Philox4 r = rng.block(stream, position, g0 + static_cast<uint32_t>(g));
-    bits[4 * g + 0] = r.x[0];
-    bits[4 * g + 1] = r.x[1];
-    bits[4 * g + 2] = r.x[2];
-    bits[4 * g + 3] = r.x[3];
+    for (int k = 0; k < 4; ++k) bits[4 * g + k] = r.x[k];
   }
   for (int64_t k = 0; k < n; ++k) out[k] = uniform_open01(bits[k]);
   int64_t k = 0;
@@ -142,68 +139,82 @@ inline void race_exponentials(const RowRng& rng, uint32_t stream, uint32_t posit
   for (; k < n; ++k) out[k] = -std::log(out[k]);
 }
 
-// Fold tile keys [n] (entries v0..v0+n-1) into the race.
-inline void race_fold(const float* keys, int64_t v0, int64_t n, RaceBest& best) {
-  Vec vm(-1.0f);
+inline float vec_sum(const float* a, int64_t n) {
+  Vec acc(0.0f);
   int64_t k = 0;
-  for (; k + Vec::size() <= n; k += Vec::size()) vm = at::vec::maximum(vm, Vec::loadu(keys + k));
-  float tm = hmax(vm);
-  for (; k < n; ++k) tm = keys[k] > tm ? keys[k] : tm;
-  if (tm > best.key)  // ties keep the earlier (lower) index already held
-    for (int64_t t = 0; t < n; ++t)
-      if (keys[t] == tm) { best = RaceBest{tm, v0 + t}; break; }
+  for (; k + Vec::size() <= n; k += Vec::size()) acc = acc + Vec::loadu(a + k);
+  float tail = 0.0f;
+  for (; k < n; ++k) tail += a[k];
+  return hsum(acc) + tail;
 }
 
-// One race pass over a row: w_v = max(0, e_v / s - q_v) (or e_v / s when
-// use_p), key w_v / E_v. q_mode: 0 = no q (bonus), 1 = one-hot at `draft`,
-// 2 = dense q row. Returns false if the dense q row holds a bad probability.
+// Race weights of tokens [v0, v0 + n), n <= kRaceTile: p[] = target probability,
+// w[] = residual max(0, p - q) (q_mode 0: no q, w = p; 1: one-hot at `draft`;
+// 2: dense q row). Returns false if a dense q entry is a bad probability.
 template <typename T, typename TQ>
-inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, int q_mode,
-                     const TQ* q_row, int64_t draft, bool use_p, const RowRng& rng,
-                     uint32_t stream, uint32_t position, RaceBest& best) {
-  alignas(64) float buf[kTile];
-  alignas(64) float qbuf[kTile];
-  alignas(64) float w[kTile];
-  alignas(64) float E[kTile];
+inline bool tile_weights(const T* row, const TQ* q_row, int q_mode, int64_t draft, int64_t v0, int64_t n,
+                         float inv_t, SoftmaxStats st, float* w, float* p) {
+  alignas(64) float xbuf[kRaceTile];
+  alignas(64) float qbuf[kRaceTile];
+  const float* x = tile_as_float(row, v0, n, xbuf);
+  const float* q = q_mode == 2 ? tile_as_float(q_row, v0, n, qbuf) : nullptr;
   const float inv_s = 1.0f / st.sum;
   const Vec va(inv_t), vmy(st.max), vis(inv_s), zero(0.0f);
-  for (int64_t v0 = 0; v0 < V; v0 += kTile) {
-    const int64_t n = std::min(kTile, V - v0);
-    const float* x = tile_as_float(row, v0, n, buf);
-    const float* q = (q_mode == 2 && !use_p) ? tile_as_float(q_row, v0, n, qbuf) : nullptr;
-    Vec any(0.0f), qmin(0.0f), qmax(0.0f);
-    int64_t k = 0;
-    for (; k + Vec::size() <= n; k += Vec::size()) {
-      Vec p = at::vec::fmadd(Vec::loadu(x + k), va, -vmy).exp_u20() * vis;
-      if (q) {
-        const Vec vq = Vec::loadu(q + k);
-        qmin = at::vec::minimum(qmin, vq);
-        qmax = at::vec::maximum(qmax, vq);
-        p = at::vec::maximum(p - vq, zero);
-      }
-      p.store(w + k);
-      any = at::vec::maximum(any, p);
+  Vec qmin(0.0f), qmax(0.0f);
+  int64_t k = 0;
+  for (; k + Vec::size() <= n; k += Vec::size()) {
+    const Vec pv = at::vec::fmadd(Vec::loadu(x + k), va, -vmy).exp_u20() * vis;
+    pv.store(p + k);
+    if (q) {
+      const Vec vq = Vec::loadu(q + k);
+      qmin = at::vec::minimum(qmin, vq);
+      qmax = at::vec::maximum(qmax, vq);
+      at::vec::maximum(pv - vq, zero).store(w + k);
+    } else {
+      pv.store(w + k);
     }
-    float tail_any = 0.0f;
-    for (; k < n; ++k) {
-      const float e = std::exp(x[k] * inv_t - st.max);
-      float p = e * inv_s;
-      if (q) {
-        if (bad_prob(q[k])) return false;
-        p = residual_weight(e, inv_s, q[k]);
-      }
-      w[k] = p;
-      tail_any = std::max(tail_any, p);
-    }
-    if (q && (bad_prob(hmin(qmin)) || bad_prob(hmax(qmax)))) return false;
-    if (q_mode == 1 && !use_p && draft >= v0 && draft < v0 + n) w[draft - v0] = 0.0f;
-    if (hmax(any) <= 0.0f && tail_any <= 0.0f) continue;  // no mass here: skip the RNG work
-    race_exponentials(rng, stream, position, v0, n, E);
-    k = 0;
-    for (; k + Vec::size() <= n; k += Vec::size()) (Vec::loadu(w + k) / Vec::loadu(E + k)).store(w + k);
-    for (; k < n; ++k) w[k] = w[k] / E[k];
-    race_fold(w, v0, n, best);
   }
+  for (; k < n; ++k) {
+    const float e = std::exp(x[k] * inv_t - st.max);
+    p[k] = e * inv_s;
+    if (q && bad_prob(q[k])) return false;
+    w[k] = q ? residual_weight(e, inv_s, q[k]) : p[k];
+  }
+  if (q && (bad_prob(hmin(qmin)) || bad_prob(hmax(qmax)))) return false;
+  if (q_mode == 1 && draft >= v0 && draft < v0 + n) w[draft - v0] = 0.0f;  // max(0, p - 1) = 0
+  return true;
+}
+
+// Two-level race over one row (verify_math.h): coarse race over fixed tiles on
+// the tile sums, fine race inside the winning tile. Falls back to p if the
+// residual is all zero. If probs_out is given, p is written there. Returns
+// false if a dense q row holds a bad probability.
+template <typename T, typename TQ>
+inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, int q_mode, const TQ* q_row,
+                     int64_t draft, const RowRng& rng, uint32_t tile_stream, uint32_t token_stream,
+                     uint32_t position, float* probs_out, int64_t& token) {
+  alignas(64) float w[kRaceTile];
+  alignas(64) float p[kRaceTile];
+  RaceBest tile_w = race_empty(), tile_p = race_empty();
+  for (int64_t t = 0; t * kRaceTile < V; ++t) {
+    const int64_t v0 = t * kRaceTile, n = std::min(kRaceTile, V - v0);
+    if (!tile_weights(row, q_row, q_mode, draft, v0, n, inv_t, st, w, p)) return false;
+    if (probs_out) std::copy(p, p + n, probs_out + v0);
+    const float E = race_exponential(rng, tile_stream, position, t);
+    const float kw = vec_sum(w, n) / E, kp = vec_sum(p, n) / E;
+    if (race_better(kw, t, tile_w)) tile_w = RaceBest{kw, t};
+    if (race_better(kp, t, tile_p)) tile_p = RaceBest{kp, t};
+  }
+  const bool use_p = !(tile_w.key > 0.0f);
+  const int64_t v0 = (use_p ? tile_p.index : tile_w.index) * kRaceTile, n = std::min(kRaceTile, V - v0);
+  alignas(64) float E[kRaceTile];
+  tile_weights(row, q_row, q_mode, draft, v0, n, inv_t, st, w, p);
+  race_exponentials(rng, token_stream, position, v0, n, E);
+  const float* weights = use_p ? p : w;
+  RaceBest best = race_empty();
+  for (int64_t k = 0; k < n; ++k)
+    if (race_better(weights[k] / E[k], v0 + k, best)) best = RaceBest{weights[k] / E[k], v0 + k};
+  token = best.index;
   return true;
 }
 
@@ -262,15 +273,8 @@ void verify_rows(const VerifyParams& P) {
         const int q_mode = i == K ? 0 : (probs ? 2 : 1);
         const TQ* q_row = probs ? probs + i * P.probs_stride_k : nullptr;
         const int64_t x = i < K ? draft[i] : -1;
-        RaceBest best = race_empty();
-        ok = race_row(row, V, inv_t, st, q_mode, q_row, x, false, rng, kStreamVerifyRace,
-                      static_cast<uint32_t>(i), best);
-        if (ok && !(best.key > 0.0f)) {  // residual all zero: sample from p
-          best = race_empty();
-          race_row(row, V, inv_t, st, q_mode, q_row, x, true, rng, kStreamVerifyRace,
-                   static_cast<uint32_t>(i), best);
-        }
-        token = best.index;
+        ok = race_row(row, V, inv_t, st, q_mode, q_row, x, rng, kStreamVerifyTile, kStreamVerifyRace,
+                      static_cast<uint32_t>(i), static_cast<float*>(nullptr), token);
       }
       if (!ok) continue;
       for (int64_t i = 0; i < j; ++i) tokens[i] = draft[i];
@@ -310,22 +314,8 @@ void sample_rows(const SampleParams& P) {
       const RowRng rng(row_key(static_cast<uint64_t>(P.rnd.seed.get(b)), b, P.rnd.per_row_seed),
                        static_cast<uint64_t>(P.rnd.offset.get(b)));
       const SoftmaxStats st{m * inv_t, row_sum_exp(row, V, inv_t, m * inv_t)};
-      RaceBest best = race_empty();
-      race_row<TL, float>(row, V, inv_t, st, 0, nullptr, -1, true, rng, kStreamSampleRace, 0, best);
-      P.tokens[b] = best.index;
-      if (probs) {
-        alignas(64) float buf[kTile];
-        const float inv_s = 1.0f / st.sum;
-        const Vec va(inv_t), vmy(st.max), vis(inv_s);
-        for (int64_t v0 = 0; v0 < V; v0 += kTile) {
-          const int64_t n = std::min(kTile, V - v0);
-          const float* x = tile_as_float(row, v0, n, buf);
-          int64_t k = 0;
-          for (; k + Vec::size() <= n; k += Vec::size())
-            (at::vec::fmadd(Vec::loadu(x + k), va, -vmy).exp_u20() * vis).store(probs + v0 + k);
-          for (; k < n; ++k) probs[v0 + k] = std::exp(x[k] * inv_t - st.max) * inv_s;
-        }
-      }
+      race_row<TL, float>(row, V, inv_t, st, 0, nullptr, -1, rng, kStreamSampleTile, kStreamSampleRace, 0,
+                          probs, P.tokens[b]);
     }
   });
 }

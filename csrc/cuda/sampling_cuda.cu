@@ -20,6 +20,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int64_t kMinChunk = 4 * kThreads;  // tokens per work item at least
+static_assert(kMinChunk % kRaceTile == 0, "chunks hold whole race tiles");
 constexpr int kMaxDevices = 64;
 
 // Largest grid that can be co-resident (a requirement of grid.sync), per
@@ -43,13 +44,13 @@ int max_coresident_blocks(Kernel kernel, int device) {
 }
 
 // Split V into C chunks so that rows * C work items fill the grid, with at
-// least kMinChunk tokens per item; chunk length is a multiple of 4 (one Philox
-// block = 4 tokens).
+// least kMinChunk tokens per item; chunk length is a multiple of kRaceTile so
+// the coarse race's tiles never straddle two chunks.
 void choose_chunks(int64_t rows, int64_t V, int64_t max_grid, Workspace& W) {
   const int64_t want = std::max<int64_t>(1, (2 * max_grid + rows - 1) / rows);
   const int64_t cap = std::max<int64_t>(1, (V + kMinChunk - 1) / kMinChunk);
   const int64_t C = std::min(want, cap);
-  W.chunk_len = ((V + C - 1) / C + 3) / 4 * 4;
+  W.chunk_len = ((V + C - 1) / C + kRaceTile - 1) / kRaceTile * kRaceTile;
   W.chunks = (V + W.chunk_len - 1) / W.chunk_len;
 }
 
@@ -128,7 +129,7 @@ at::Tensor sample_cuda(const at::Tensor& logits, const at::Tensor& temperature, 
     const int64_t max_grid = max_coresident_blocks(kernel, device);
     Workspace W{};
     choose_chunks(P.B, P.V, max_grid, W);
-    at::Tensor ws = make_workspace(logits, P.B * W.chunks, P.B * W.chunks, 0, W);
+    at::Tensor ws = make_workspace(logits, P.B * W.chunks, P.B * W.chunks, P.B, W);
     const int64_t grid = std::min<int64_t>(max_grid, P.B * W.chunks);
     launch_cooperative(kernel, grid, P, W, stream);
   });

@@ -12,11 +12,13 @@
 //            2. item (b, c): every block working on row b merges the row's stats
 //               in the same fixed order (so all agree bit for bit), runs the
 //               ratio tests of all positions in parallel, takes the first
-//               rejection j, then races chunk c of position j  -> ws.race
+//               rejection j, then runs the coarse race (verify_math.h) over the
+//               tiles of chunk c of position j: one warp per tile -> ws.race
 //            -- grid sync --
-//            3. per row: merge the C race winners, write tokens
-//   sample:  1. stats per (b, c); sync; 2. race per (b, c) (+ probs_out); sync;
-//            3. per row: merge winners
+//            3. one warp per row: merge the C coarse winners, run the fine race
+//               inside the winning tile (128 tokens), write tokens
+//   sample:  1. stats per (b, c); sync; 2. coarse race per (b, c) (+ probs_out);
+//            sync; 3. one warp per row: fine race
 //
 // Nothing of size V is written to global memory except probs_out; the
 // workspace holds O(B * (K+1) * C) small records. Random numbers come from
@@ -112,6 +114,7 @@ __device__ __forceinline__ RacePair merge_race(const RacePair& a, const RacePair
 struct RowDecision {
   int64_t j;      // first rejected position, K if all accepted
   int64_t token;  // greedy rows: the token at j
+  float max_y, sum;  // softmax stats of position j (for the fine race)
   int status;     // 0 invalid, 1 sampled (race winner pending), 2 greedy (token known)
 };
 
@@ -120,7 +123,7 @@ struct Workspace {
   RacePair* race;      // [B, C]
   RowDecision* rows;   // [B]
   int64_t chunks;      // C
-  int64_t chunk_len;   // a multiple of 4
+  int64_t chunk_len;   // a multiple of kRaceTile
 };
 
 struct FloatStatsMerge {
@@ -147,38 +150,98 @@ __device__ ChunkStats chunk_stats(const T* row, int64_t V, int64_t c, int64_t ch
   return block_reduce(st, FloatStatsMerge{}, scratch);
 }
 
-// Race over chunk c of one row: w_v / E_v and p_v / E_v. q_mode: 0 none (bonus),
-// 1 one-hot at `draft`, 2 dense q row. Threads take groups of 4 consecutive
-// tokens so one Philox block serves 4 exponentials.
+// Race weights of the 4 tokens v0..v0+3 (v0 a multiple of 4; entries >= V get
+// weight 0): p = target probability, w = residual max(0, p - q). q_mode: 0 none
+// (bonus / sample: w = p), 1 one-hot at `draft`, 2 dense q row.
 template <typename T, typename TQ>
-__device__ RacePair chunk_race(const T* row, const TQ* q_row, int q_mode, int64_t draft, int64_t V,
-                               int64_t c, int64_t chunk_len, float inv_t, float max_y, float inv_s,
-                               const RowRng& rng, uint32_t stream, uint32_t position, RacePair* scratch) {
-  RacePair best = RacePair::empty();
-  const int64_t begin = c * chunk_len;
-  const int64_t end = imin(V, begin + chunk_len);
-  for (int64_t g = begin / 4 + threadIdx.x; 4 * g < end; g += blockDim.x) {
-    const Philox4 r = rng.block(stream, position, static_cast<uint32_t>(g));
+__device__ __forceinline__ void token_weights(const T* row, const TQ* q_row, int q_mode, int64_t draft,
+                                              int64_t v0, int64_t V, float inv_t, float max_y, float inv_s,
+                                              float w[4], float p[4], int& bad) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int64_t v = 4 * g + k;
-      if (v >= end) break;
-      const float e = expf(fmaf(to_float(row[v]), inv_t, -max_y));
-      float q = 0.0f;
-      if (q_mode == 2) {
-        q = to_float(q_row[v]);
-        if (bad_prob(q)) best.bad = 1;
-      } else if (q_mode == 1) {
-        q = v == draft ? 1.0f : 0.0f;
-      }
-      const float E = exponential_from_bits(r.x[k]);
-      const float w = residual_weight(e, inv_s, q);
-      const float p = e * inv_s;
-      if (race_better(w / E, v, RaceBest{best.key, best.idx})) { best.key = w / E; best.idx = v; }
-      if (race_better(p / E, v, RaceBest{best.key_p, best.idx_p})) { best.key_p = p / E; best.idx_p = v; }
+  for (int k = 0; k < 4; ++k) {
+    const int64_t v = v0 + k;
+    p[k] = w[k] = 0.0f;
+    if (v >= V) continue;
+    const float e = expf(fmaf(to_float(row[v]), inv_t, -max_y));
+    float q = 0.0f;
+    if (q_mode == 2) {
+      q = to_float(q_row[v]);
+      if (bad_prob(q)) bad = 1;
+    } else if (q_mode == 1) {
+      q = v == draft ? 1.0f : 0.0f;
     }
+    p[k] = e * inv_s;
+    w[k] = q_mode == 0 ? p[k] : residual_weight(e, inv_s, q);
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+  return x;
+}
+
+// Coarse race over the tiles of chunk c (block-wide): one warp per tile of
+// kRaceTile = 128 tokens, 4 per lane. Keys W_t / E_t (residual) and P_t / E_t
+// (target); idx / idx_p are TILE indices. Optionally writes p to probs_out.
+template <typename T, typename TQ>
+__device__ RacePair chunk_coarse_race(const T* row, const TQ* q_row, int q_mode, int64_t draft, int64_t V,
+                                      int64_t c, int64_t chunk_len, float inv_t, float max_y, float inv_s,
+                                      const RowRng& rng, uint32_t tile_stream, uint32_t position,
+                                      float* probs_out, RacePair* scratch) {
+  static_assert(kRaceTile == 128, "one warp x 4 tokens per tile");
+  RacePair best = RacePair::empty();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int64_t t_begin = c * chunk_len / kRaceTile;
+  const int64_t t_end = (imin(V, (c + 1) * chunk_len) + kRaceTile - 1) / kRaceTile;
+  for (int64_t t = t_begin + warp; t < t_end; t += warps) {
+    const int64_t v0 = t * kRaceTile + 4 * lane;
+    float w[4], p[4];
+    token_weights(row, q_row, q_mode, draft, v0, V, inv_t, max_y, inv_s, w, p, best.bad);
+    if (probs_out)
+      for (int k = 0; k < 4; ++k)
+        if (v0 + k < V) probs_out[v0 + k] = p[k];
+    const float W = warp_sum((w[0] + w[1]) + (w[2] + w[3]));
+    const float Pt = warp_sum((p[0] + p[1]) + (p[2] + p[3]));
+    const float E = race_exponential(rng, tile_stream, position, t);
+    if (race_better(W / E, t, RaceBest{best.key, best.idx})) { best.key = W / E; best.idx = t; }
+    if (race_better(Pt / E, t, RaceBest{best.key_p, best.idx_p})) { best.key_p = Pt / E; best.idx_p = t; }
   }
   return block_reduce(best, RaceMerge{}, scratch);
+}
+
+struct RaceBestShfl {
+  float key;
+  int64_t index;
+  __device__ __forceinline__ RaceBestShfl shfl(int m) const { return RaceBestShfl{shfl_xor(key, m), shfl_xor(index, m)}; }
+};
+struct RaceBestMerge {
+  __device__ RaceBestShfl operator()(const RaceBestShfl& a, const RaceBestShfl& b) const {
+    const RaceBest r = race_merge(RaceBest{a.key, a.index}, RaceBest{b.key, b.index});
+    return RaceBestShfl{r.key, r.index};
+  }
+};
+
+// Fine race (warp-wide) inside tile `tile`: token = argmax weight_v / E_v.
+// Returns the same value in every lane.
+template <typename T, typename TQ>
+__device__ int64_t warp_fine_race(const T* row, const TQ* q_row, int q_mode, int64_t draft, int64_t V, int64_t tile,
+                                  bool use_p, float inv_t, float max_y, float inv_s, const RowRng& rng,
+                                  uint32_t token_stream, uint32_t position) {
+  const int lane = threadIdx.x & 31;
+  const int64_t v0 = tile * kRaceTile + 4 * lane;
+  float w[4], p[4];
+  int bad = 0;
+  token_weights(row, q_row, q_mode, draft, v0, V, inv_t, max_y, inv_s, w, p, bad);
+  const Philox4 r = rng.block(token_stream, position, static_cast<uint32_t>(v0 >> 2));
+  RaceBestShfl best{-1.0f, INT64_MAX};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if (v0 + k >= V) break;
+    const float key = (use_p ? p[k] : w[k]) / exponential_from_bits(r.x[k]);
+    if (race_better(key, v0 + k, RaceBest{best.key, best.index})) best = RaceBestShfl{key, v0 + k};
+  }
+  return warp_reduce(best, RaceBestMerge{}).index;
 }
 
 // ----------------------------------------------------------------------------
@@ -312,38 +375,55 @@ __global__ void verify_kernel(VerifyParams P, Workspace W) {
                             ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b + j * P.probs_stride_k
                             : nullptr;
       const int64_t x = j < K ? P.draft_ids[b * K + j] : -1;
-      rp = chunk_race(lrow, q_row, q_mode, x, V, c, W.chunk_len, inv_t, row.max_y, 1.0f / row.sum, rng,
-                      kStreamVerifyRace, static_cast<uint32_t>(j), race_scratch);
+      rp = chunk_coarse_race(lrow, q_row, q_mode, x, V, c, W.chunk_len, inv_t, row.max_y, 1.0f / row.sum, rng,
+                             kStreamVerifyTile, static_cast<uint32_t>(j), static_cast<float*>(nullptr),
+                             race_scratch);
     }
     if (threadIdx.x == 0) {
       W.race[item] = rp;
-      if (c == 0) W.rows[b] = RowDecision{j, row.arg, valid ? (greedy ? 2 : 1) : 0};
+      if (c == 0) W.rows[b] = RowDecision{j, row.arg, row.max_y, row.sum, valid ? (greedy ? 2 : 1) : 0};
     }
     __syncthreads();  // `row` is reused by the next item
   }
   grid.sync();
 
-  // Stage 3: one thread per row writes the outputs.
-  for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < B;
-       b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  // Stage 3: one warp per row: fine race, then lane 0 writes the outputs.
+  const int lane = threadIdx.x & 31;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); b < B;
+       b += warps_total) {
     const RowDecision d = W.rows[b];
     int64_t token = d.token;
     bool valid = d.status != 0;
     if (d.status == 1) {
       RacePair r = W.race[b * C];
       for (int64_t c = 1; c < C; ++c) r = merge_race(r, W.race[b * C + c]);
-      valid = !r.bad;
-      token = r.key > 0.0f ? r.idx : r.idx_p;
-      valid = valid && token >= 0 && token < V;
+      const bool use_p = !(r.key > 0.0f);
+      const int64_t tile = use_p ? r.idx_p : r.idx;
+      valid = !r.bad && tile >= 0 && tile * kRaceTile < V;
+      if (valid) {  // warp-uniform
+        const float t = P.temperature.get(b);
+        const int q_mode = d.j == K ? 0 : (P.draft_probs ? 2 : 1);
+        const TL* lrow = static_cast<const TL*>(P.logits) + b * P.logits_stride_b + d.j * P.logits_stride_k;
+        const TQ* q_row = q_mode == 2
+            ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b + d.j * P.probs_stride_k
+            : nullptr;
+        const int64_t x = d.j < K ? P.draft_ids[b * K + d.j] : -1;
+        token = warp_fine_race(lrow, q_row, q_mode, x, V, tile, use_p, 1.0f / t, d.max_y, 1.0f / d.sum,
+                               make_rng(P.rnd, b), kStreamVerifyRace, static_cast<uint32_t>(d.j));
+        valid = token >= 0 && token < V;
+      }
     }
-    int64_t* out = P.tokens + b * (K + 1);
-    for (int64_t i = 0; i <= K; ++i) {
-      int64_t v = -1;
-      if (valid) v = i < d.j ? P.draft_ids[b * K + i] : (i == d.j ? token : -1);
-      out[i] = v;
+    if (lane == 0) {
+      int64_t* out = P.tokens + b * (K + 1);
+      for (int64_t i = 0; i <= K; ++i) {
+        int64_t v = -1;
+        if (valid) v = i < d.j ? P.draft_ids[b * K + i] : (i == d.j ? token : -1);
+        out[i] = v;
+      }
+      P.num_accepted[b] = valid ? d.j : 0;
+      P.valid[b] = valid;
     }
-    P.num_accepted[b] = valid ? d.j : 0;
-    P.valid[b] = valid;
   }
 }
 
@@ -381,30 +461,37 @@ __global__ void sample_kernel(SampleParams P, Workspace W) {
     const int64_t begin = c * W.chunk_len, end = imin(V, begin + W.chunk_len);
     RacePair rp = RacePair::empty();
     if (valid && !greedy) {
-      const float inv_t = 1.0f / t, inv_s = 1.0f / st.sum;
-      rp = chunk_race(row, static_cast<const float*>(nullptr), 0, -1, V, c, W.chunk_len, inv_t, st.max, inv_s,
-                      make_rng(P.rnd, b), kStreamSampleRace, 0u, race_scratch);
-      if (probs)
-        for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x)
-          probs[v] = expf(fmaf(to_float(row[v]), inv_t, -st.max)) * inv_s;
+      rp = chunk_coarse_race(row, static_cast<const float*>(nullptr), 0, -1, V, c, W.chunk_len, 1.0f / t, st.max,
+                             1.0f / st.sum, make_rng(P.rnd, b), kStreamSampleTile, 0u, probs, race_scratch);
     } else if (probs) {
       for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x)
         probs[v] = (valid && v == st.arg) ? 1.0f : 0.0f;
     }
     if (threadIdx.x == 0) {
       rp.bad = !valid;
-      if (valid && greedy) { rp.key = 1.0f; rp.idx = st.arg; }
       W.race[item] = rp;
+      if (c == 0) W.rows[b] = RowDecision{0, st.arg, st.max, st.sum, valid ? (greedy ? 2 : 1) : 0};
     }
   }
   grid.sync();
 
-  for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < B;
-       b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    RacePair r = W.race[b * C];
-    for (int64_t c = 1; c < C; ++c) r = merge_race(r, W.race[b * C + c]);
-    const int64_t token = r.key > 0.0f ? r.idx : r.idx_p;
-    P.tokens[b] = (r.bad || token < 0 || token >= V) ? -1 : token;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); b < B;
+       b += warps_total) {
+    const RowDecision d = W.rows[b];
+    int64_t token = d.status == 2 ? d.token : -1;
+    if (d.status == 1) {
+      RacePair r = W.race[b * C];
+      for (int64_t c = 1; c < C; ++c) r = merge_race(r, W.race[b * C + c]);
+      if (!r.bad && r.idx_p >= 0 && r.idx_p * kRaceTile < V) {
+        const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
+        token = warp_fine_race(row, static_cast<const float*>(nullptr), 0, -1, V, r.idx_p, true,
+                               1.0f / P.temperature.get(b), d.max_y, 1.0f / d.sum, make_rng(P.rnd, b),
+                               kStreamSampleRace, 0u);
+      }
+    }
+    if (lane == 0) P.tokens[b] = (token >= 0 && token < V) ? token : -1;
   }
 }
 
