@@ -246,7 +246,7 @@ def test_bad_seed_types():
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
-def test_verify_device_mismatch():
+def test_verify_device_mismatch_cuda():
     L, D, Q = _inputs(B=2, K=1, V=10)
     with pytest.raises(RuntimeError, match="draft_token_ids is on cpu but target_logits is on cuda"):
         specdec_ext.verify(L.cuda(), D, Q.cuda())
