@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include "core/rng.h"
+#include "core/verify_math.h"
 
 namespace specdec {
 namespace {
@@ -37,7 +38,8 @@ ScalarOrRow<float> per_row_temperature(const at::Tensor& t, const at::Tensor& re
   ScalarOrRow<float> out;
   if (t.dim() == 0 && t.device().is_cpu()) {
     out.value = t.item<float>();
-    TORCH_CHECK(out.value >= 0.0f, "temperature must be >= 0 (0 = greedy), got ", out.value);
+    TORCH_CHECK(valid_temperature(out.value),
+                "temperature must be >= 0 (0 = greedy), finite and with a finite inverse, got ", out.value);
     return out;
   }
   check_device(t, ref, "temperature", "the logits");
@@ -60,7 +62,9 @@ ScalarOrRow<int64_t> per_row_integer(const at::Tensor& t, const at::Tensor& ref,
     out.value = t.item<int64_t>();
     return out;
   }
-  at::Tensor l = t.to(ref.device(), at::kLong);
+  // non_blocking: a [B] CPU tensor is copied without a host sync (for CUDA-graph
+  // capture pass device tensors: a host-to-device copy cannot be captured).
+  at::Tensor l = t.to(ref.device(), at::kLong, /*non_blocking=*/true);
   keep.push_back(l);
   out.ptr = l.const_data_ptr<int64_t>();
   out.stride = l.dim() == 0 ? 0 : l.stride(0);
@@ -162,6 +166,7 @@ SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperat
     check_device(o, logits, "probs_out", "logits");
     TORCH_CHECK(V == 1 || o.stride(1) == 1, "probs_out must have stride 1 along V (a slice such as "
                 "draft_probs[:, i] is fine), got strides ", o.strides());
+    TORCH_CHECK(B <= 1 || o.stride(0) != 0, "probs_out rows must not overlap (stride 0 along B)");
     P.probs_out = o.mutable_data_ptr<float>();
     P.probs_stride_b = o.stride(0);
   }

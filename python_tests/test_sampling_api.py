@@ -158,6 +158,13 @@ def test_invalid_rows_are_flagged_and_never_emit_ids(device):
     temps[7] = -1.0                    # negative per-row temperature
     res = specdec_ext.verify(L, D, Q, temps, seed=1)
     assert res.valid.tolist() == [True] + [False] * 7
+    # unusable temperatures: NaN, +inf, denormal (1/T overflows); and logits / T overflowing
+    temps = torch.tensor([1.0, float("nan"), float("inf"), 1e-45, 1e-30, 1.0, 1.0, 1.0], device=device)
+    L2 = torch.randn(B, K + 1, V, device=device)
+    L2[4] *= 1e10                      # T = 1e-30: y = l / T overflows to +-inf
+    _, _, Qc = _inputs(B=B, K=K, V=V, seed=9, device=device)
+    res2 = specdec_ext.verify(L2, D.clamp(0, V - 1), Qc, temps, seed=1)
+    assert res2.valid.tolist() == [True, False, False, False, False, True, True, True]
     assert (res.tokens[1:] == -1).all() and (res.num_accepted[1:] == 0).all()
     # a bad probability away from anything the op reads does not matter: documented
     Q2 = Q.clone()
@@ -243,6 +250,10 @@ def test_bad_seed_types():
         specdec_ext.verify(L, D, Q, seed=1.5)
     with pytest.raises(ValueError, match="temperature must be >= 0"):
         specdec_ext.sample(L[:, 0], float("nan"))
+    with pytest.raises(ValueError, match="temperature must be >= 0 \\(0 = greedy\\) and finite"):
+        specdec_ext.verify(L, D, Q, float("inf"))
+    with pytest.raises(RuntimeError, match="temperature must be >= 0 \\(0 = greedy\\), finite and with a finite inverse"):
+        torch.ops.specdec.sample(L[:, 0], torch.tensor(1e-45), torch.tensor(1), torch.tensor(0), None)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
@@ -267,6 +278,8 @@ def test_sample_bad_inputs():
     with pytest.raises(RuntimeError, match="probs_out must have stride 1 along V"):
         specdec_ext.sample(x, probs_out=bad)
     assert torch.equal(bad.nan_to_num(0), before.nan_to_num(0))  # nothing written
+    with pytest.raises(RuntimeError, match="probs_out rows must not overlap"):
+        specdec_ext.sample(x, probs_out=torch.empty(16).expand(4, 16))
 
 
 # ---------------------------------------------------------------- torch.library integration

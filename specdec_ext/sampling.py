@@ -1,6 +1,7 @@
 """Python entry points of the fused sampling ops (thin wrappers over torch.ops.specdec)."""
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional, Union
 
 import torch
@@ -16,10 +17,12 @@ class VerifyResult(NamedTuple):
 
     tokens       int64 [B, K+1]: accepted drafts, then the correction (or bonus) token, then -1
     num_accepted int64 [B] in [0, K]: row b emits num_accepted[b] + 1 tokens
-    valid        bool  [B]: False for a row with NaN / +inf logits or probabilities (in the
-                 entries the op reads), a draft id outside [0, V), a negative / NaN per-row
-                 temperature, or a used position whose logits are all -inf; such a row has
-                 tokens all -1 and num_accepted 0
+    valid        bool  [B]: False for a row with NaN / +inf logits (any position) or a bad
+                 draft probability (NaN, +inf, negative) among the entries the op reads
+                 (q(x) of every tested draft, the whole q row at the rejected position), a
+                 draft id outside [0, V), an unusable per-row temperature (negative, NaN,
+                 +inf, denormal), or a used position whose logits / T are all -inf or
+                 overflow; such a row has tokens all -1 and num_accepted 0
     """
 
     tokens: torch.Tensor
@@ -31,8 +34,8 @@ def _temperature_arg(temperature) -> torch.Tensor:
     if isinstance(temperature, torch.Tensor):
         return temperature
     temperature = float(temperature)
-    if not temperature >= 0.0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not (temperature >= 0.0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be >= 0 (0 = greedy) and finite, got {temperature}")
     return torch.tensor(temperature, dtype=torch.float32)
 
 

@@ -63,6 +63,14 @@ SPECDEC_HD bool bad_logit(float x) { return x != x || x == std::numeric_limits<f
 // A probability that makes the row unusable: NaN, negative or +inf.
 SPECDEC_HD bool bad_prob(float q) { return !(q >= 0.0f) || q == std::numeric_limits<float>::infinity(); }
 
+// A usable temperature: 0 (greedy) or positive and finite with a finite 1/T
+// (a denormal T would turn every logit into +-inf). Anything else makes the
+// row invalid.
+SPECDEC_HD bool valid_temperature(float t) {
+  const float inf = std::numeric_limits<float>::infinity();
+  return t == 0.0f || (t > 0.0f && t < inf && 1.0f / t < inf);
+}
+
 // A position's max is usable when it is finite: NaN / +inf mean a bad logit,
 // -inf means every token is masked (no distribution).
 SPECDEC_HD bool usable_max(float m) { return m > -std::numeric_limits<float>::infinity() &&
@@ -135,7 +143,7 @@ inline ReferenceRowResult verify_row_reference(const float* logits, const float*
                                                int64_t* tokens) {
   for (int64_t i = 0; i <= K; ++i) tokens[i] = -1;
   const ReferenceRowResult invalid{0, false};
-  if (!(temperature >= 0.0f)) return invalid;
+  if (!valid_temperature(temperature)) return invalid;
   for (int64_t i = 0; i < K; ++i)
     if (draft_ids[i] < 0 || draft_ids[i] >= V) return invalid;
   // Every position must be free of NaN / +inf, used or not.

@@ -229,7 +229,7 @@ void verify_rows(const VerifyParams& P) {
       P.valid[b] = false;
 
       const float temperature = P.temperature.get(b);
-      if (!(temperature >= 0.0f)) continue;
+      if (!valid_temperature(temperature)) continue;
       const int64_t* draft = P.draft_ids + b * K;
       bool ok = true;
       for (int64_t i = 0; i < K; ++i) ok = ok && draft[i] >= 0 && draft[i] < V;
@@ -254,7 +254,7 @@ void verify_rows(const VerifyParams& P) {
           ok = !(m != m || m == std::numeric_limits<float>::infinity());
           continue;
         }
-        if (!usable_max(m)) { ok = false; break; }
+        if (!usable_max(m) || !usable_max(m * inv_t)) { ok = false; break; }
         if (greedy) {
           if (i == K || draft[i] != arg) { j = i; token = arg; }
           continue;
@@ -298,7 +298,8 @@ void sample_rows(const SampleParams& P) {
       int64_t arg;
       const bool greedy = temperature == 0.0f;
       row_max(row, V, greedy, m, arg);
-      if (!(temperature >= 0.0f) || !usable_max(m)) {  // invalid row: token -1, probs 0
+      if (!valid_temperature(temperature) || !usable_max(m) ||
+          (!greedy && !usable_max(m * (1.0f / temperature)))) {  // invalid row: token -1, probs 0
         if (probs) std::fill(probs, probs + V, 0.0f);
         continue;
       }

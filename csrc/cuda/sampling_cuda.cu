@@ -9,8 +9,9 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <array>
+#include <map>
 #include <mutex>
+#include <utility>
 
 #include "../sampling_args.h"
 #include "sampling_kernels.cuh"
@@ -20,37 +21,35 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int64_t kMinChunk = 4 * kThreads;  // tokens per work item at least
-static_assert(kMinChunk % kRaceTile == 0, "chunks hold whole race tiles");
-constexpr int kMaxDevices = 64;
+static_assert(kMinChunk % kStatBlock == 0, "chunks hold whole stat blocks");
 
 // Largest grid that can be co-resident (a requirement of grid.sync), per
-// kernel and device; queried once (no sync involved).
-template <typename Kernel>
-int max_coresident_blocks(Kernel kernel, int device) {
-  static std::array<int, kMaxDevices> cache{};
+// kernel instantiation and device; queried once (no sync involved).
+int max_coresident_blocks(const void* kernel, int device) {
+  static std::map<std::pair<const void*, int>, int> cache;
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
-  TORCH_CHECK(device < kMaxDevices, "specdec: device index ", device, " is not supported");
-  if (cache[device] == 0) {
-    int per_sm = 0, sms = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    int coop = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device));
-    TORCH_CHECK(coop, "specdec: device ", device, " does not support cooperative launches");
-    cache[device] = std::max(1, per_sm * sms);
-  }
-  return cache[device];
+  auto it = cache.find({kernel, device});
+  if (it != cache.end()) return it->second;
+  int per_sm = 0, sms = 0, coop = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device));
+  TORCH_CHECK(coop, "specdec: device ", device, " does not support cooperative launches");
+  TORCH_CHECK(per_sm > 0, "specdec: kernel cannot be resident with ", kThreads, " threads per block");
+  return cache[{kernel, device}] = per_sm * sms;
 }
 
 // Split V into C chunks so that rows * C work items fill the grid, with at
-// least kMinChunk tokens per item; chunk length is a multiple of kRaceTile so
-// the coarse race's tiles never straddle two chunks.
+// least kMinChunk tokens per item. Chunk length is a multiple of kStatBlock (and
+// so of kRaceTile): stat blocks and race tiles never straddle two chunks, and C
+// only decides who does which work, never the result.
 void choose_chunks(int64_t rows, int64_t V, int64_t max_grid, Workspace& W) {
   const int64_t want = std::max<int64_t>(1, (2 * max_grid + rows - 1) / rows);
   const int64_t cap = std::max<int64_t>(1, (V + kMinChunk - 1) / kMinChunk);
   const int64_t C = std::min(want, cap);
-  W.chunk_len = ((V + C - 1) / C + kRaceTile - 1) / kRaceTile * kRaceTile;
+  W.chunk_len = ((V + C - 1) / C + kStatBlock - 1) / kStatBlock * kStatBlock;
+  W.stat_blocks = (V + kStatBlock - 1) / kStatBlock;
   W.chunks = (V + W.chunk_len - 1) / W.chunk_len;
 }
 
@@ -104,11 +103,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
   SPECDEC_CUDA_DISPATCH(L.logits_dtype, TL, {
     SPECDEC_CUDA_DISPATCH(L.probs_dtype, TQ, {
       auto kernel = verify_kernel<TL, TQ>;
-      const int64_t max_grid = max_coresident_blocks(kernel, device);
+      const int64_t max_grid = max_coresident_blocks(reinterpret_cast<const void*>(kernel), device);
       Workspace W{};
       const int64_t rows = P.B * (P.K + 1);
       choose_chunks(rows, P.V, max_grid, W);
-      at::Tensor ws = make_workspace(target_logits, rows * W.chunks, P.B * W.chunks, P.B, W);
+      at::Tensor ws = make_workspace(target_logits, rows * W.stat_blocks, P.B * W.chunks, P.B, W);
       const int64_t grid = std::min<int64_t>(max_grid, rows * W.chunks);
       launch_cooperative(kernel, grid, P, W, stream);
     });
@@ -126,10 +125,10 @@ at::Tensor sample_cuda(const at::Tensor& logits, const at::Tensor& temperature, 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
   SPECDEC_CUDA_DISPATCH(L.logits_dtype, TL, {
     auto kernel = sample_kernel<TL>;
-    const int64_t max_grid = max_coresident_blocks(kernel, device);
+    const int64_t max_grid = max_coresident_blocks(reinterpret_cast<const void*>(kernel), device);
     Workspace W{};
     choose_chunks(P.B, P.V, max_grid, W);
-    at::Tensor ws = make_workspace(logits, P.B * W.chunks, P.B * W.chunks, P.B, W);
+    at::Tensor ws = make_workspace(logits, P.B * W.stat_blocks, P.B * W.chunks, P.B, W);
     const int64_t grid = std::min<int64_t>(max_grid, P.B * W.chunks);
     launch_cooperative(kernel, grid, P, W, stream);
   });

@@ -1,28 +1,30 @@
 // CUDA kernels of specdec::verify and specdec::sample over raw pointers
 // (no torch here; the launcher is sampling_cuda.cu).
 //
-// One cooperative launch per call. Every row (and every draft position of it)
-// is split into C chunks so the GPU is busy even at B = 1; grid-wide barriers
+// One cooperative launch per call. Rows (and each draft position of a row) are
+// split into C chunks so the GPU is busy even at B = 1; grid-wide barriers
 // separate the stages, and blocks loop over work items so the grid never
 // exceeds what can be co-resident:
 //
-//   verify:  1. item (b, i, c): softmax stats + argmax + NaN/+inf flag of chunk c
-//               of position i                                 -> ws.stats
+//   verify:  1. item (b, i, c): for every fixed 1024-token stat block of chunk c
+//               of position i, one warp computes softmax stats + argmax + a
+//               NaN/+inf flag                                   -> ws.stats
 //            -- grid sync --
-//            2. item (b, c): every block working on row b merges the row's stats
-//               in the same fixed order (so all agree bit for bit), runs the
-//               ratio tests of all positions in parallel, takes the first
-//               rejection j, then runs the coarse race (verify_math.h) over the
-//               tiles of chunk c of position j: one warp per tile -> ws.race
+//            2. item (b, c): the block merges the row's stat blocks in a fixed
+//               order (so every block, whatever C, gets bit-identical results),
+//               tests all positions in parallel, takes the first stop j, then
+//               runs the coarse race (verify_math.h) over the 128-token tiles
+//               of chunk c of position j, one warp per tile    -> ws.race
 //            -- grid sync --
-//            3. one warp per row: merge the C coarse winners, run the fine race
-//               inside the winning tile (128 tokens), write tokens
-//   sample:  1. stats per (b, c); sync; 2. coarse race per (b, c) (+ probs_out);
-//            sync; 3. one warp per row: fine race
+//            3. one warp per row: merge the C coarse winners, fine race inside
+//               the winning tile, write the outputs
+//   sample:  1. stat blocks per (b, c); sync; 2. coarse race per (b, c)
+//            (+ probs_out); sync; 3. one warp per row: fine race
 //
-// Nothing of size V is written to global memory except probs_out; the
-// workspace holds O(B * (K+1) * C) small records. Random numbers come from
-// core/rng.h, so the CPU and CUDA kernels draw identical numbers.
+// Stat blocks and race tiles are fixed in token space, so results do not depend
+// on C, the grid size or the GPU model (batch invariance). Nothing of size V is
+// written to global memory except probs_out. Random numbers come from
+// core/rng.h: the CPU and CUDA kernels draw identical numbers.
 #pragma once
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -45,14 +47,16 @@ __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 constexpr float kInf = __builtin_huge_valf();
+constexpr int64_t kStatBlock = 1024;  // tokens per stat block (one warp, 32 per lane)
+static_assert(kStatBlock % kRaceTile == 0, "stat blocks hold whole race tiles");
 
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// Per-chunk softmax statistics (over y = l * inv_t) plus the first argmax.
+// Softmax statistics of a set of tokens (over y = l * inv_t) plus the first argmax.
 struct ChunkStats {
-  float max;      // max y (NaN-free; -inf if every entry is -inf)
+  float max;      // max y over tokens with finite y (-inf if none)
   float sum;      // sum exp(y - max)
-  float arg_val;  // value at argmax (y)
+  float arg_val;  // y at the argmax; +inf if some finite logit overflowed y
   int bad;        // a NaN or +inf logit was seen
   int64_t arg;    // first index of the max
 
@@ -69,21 +73,25 @@ __device__ __forceinline__ ChunkStats merge_stats(const ChunkStats& a, const Chu
   return ChunkStats{s.max, s.sum, take_b ? b.arg_val : a.arg_val, a.bad | b.bad, take_b ? b.arg : a.arg};
 }
 
-// One thread folds one value y at index v (online softmax).
-__device__ __forceinline__ void fold_value(ChunkStats& st, float y, int64_t v, bool want_sum) {
-  if (y != y || y == kInf) {
+struct StatsMerge {
+  __device__ ChunkStats operator()(const ChunkStats& a, const ChunkStats& b) const { return merge_stats(a, b); }
+};
+
+// One thread folds logit x at index v (online softmax). Validity is judged on
+// the raw logit (NaN / +inf = bad, as on the CPU); a finite logit whose y
+// overflows makes the position unusable (arg_val = +inf).
+__device__ __forceinline__ void fold_value(ChunkStats& st, float x, int64_t v, float inv_t, bool want_sum) {
+  if (x != x || x == kInf) {
     st.bad = 1;
     return;
   }
-  if (y == -kInf) return;  // masked token: no mass, never the argmax unless all are masked
+  const float y = x * inv_t;
+  if (y == -kInf) return;  // masked token (or underflow): no mass
   if (y > st.arg_val || (y == st.arg_val && v < st.arg)) {
     st.arg_val = y;
     st.arg = v;
   }
-  if (!want_sum) {
-    st.max = st.arg_val;
-    return;
-  }
+  if (!want_sum || y == kInf) return;
   if (y > st.max) {
     st.sum = st.sum * expf(st.max - y) + 1.0f;
     st.max = y;
@@ -92,9 +100,40 @@ __device__ __forceinline__ void fold_value(ChunkStats& st, float y, int64_t v, b
   }
 }
 
+// Stats of every stat block of chunk c of one row: warp w takes blocks w, w +
+// warps, ...; lane l folds tokens l, l + 32, ... of the block, then a fixed
+// butterfly merge. Writes out[blk] for the chunk's blocks. No block barrier.
+template <typename T>
+__device__ void chunk_stat_blocks(const T* row, int64_t V, int64_t c, int64_t chunk_len, float inv_t,
+                                  bool want_sum, bool usable, ChunkStats* out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int64_t nblk = (V + kStatBlock - 1) / kStatBlock;
+  const int64_t b0 = c * (chunk_len / kStatBlock), b1 = imin(nblk, b0 + chunk_len / kStatBlock);
+  for (int64_t blk = b0 + warp; blk < b1; blk += warps) {
+    ChunkStats st = ChunkStats::empty();
+    if (usable) {
+      const int64_t end = imin(V, (blk + 1) * kStatBlock);
+      for (int64_t v = blk * kStatBlock + lane; v < end; v += 32) fold_value(st, to_float(row[v]), v, inv_t, want_sum);
+    } else {
+      st.bad = 1;
+    }
+    st = warp_reduce(st, StatsMerge{});
+    if (lane == 0) out[blk] = st;
+  }
+}
+
+// Merge the stat blocks [0, nblk) of one row-position (warp-wide, fixed order:
+// lane l takes l, l + 32, ... left to right, then the butterfly).
+__device__ __forceinline__ ChunkStats merge_stat_blocks(const ChunkStats* blocks, int64_t nblk) {
+  const int lane = threadIdx.x & 31;
+  ChunkStats st = ChunkStats::empty();
+  for (int64_t k = lane; k < nblk; k += 32) st = merge_stats(st, blocks[k]);
+  return warp_reduce(st, StatsMerge{});
+}
+
 struct RacePair {
-  float key, key_p;      // residual race and the race on p (used if the residual is all zero)
-  int64_t idx, idx_p;
+  float key, key_p;      // coarse keys: residual race and race on p (used if the residual is all zero)
+  int64_t idx, idx_p;    // winning TILE indices
   int bad;               // a bad draft probability was read
 
   __device__ __forceinline__ RacePair shfl(int m) const {
@@ -110,27 +149,25 @@ __device__ __forceinline__ RacePair merge_race(const RacePair& a, const RacePair
   return RacePair{r.key, rp.key, r.index, rp.index, a.bad | b.bad};
 }
 
+struct RaceMerge {
+  __device__ RacePair operator()(const RacePair& a, const RacePair& b) const { return merge_race(a, b); }
+};
+
 // What stage 2 decided for a row (written by the block that handles chunk 0).
 struct RowDecision {
-  int64_t j;      // first rejected position, K if all accepted
-  int64_t token;  // greedy rows: the token at j
+  int64_t j;         // first stop position (K if all accepted)
+  int64_t token;     // greedy rows: the token at j
   float max_y, sum;  // softmax stats of position j (for the fine race)
-  int status;     // 0 invalid, 1 sampled (race winner pending), 2 greedy (token known)
+  int status;        // 0 invalid, 1 sampled (race winner pending), 2 greedy (token known)
 };
 
 struct Workspace {
-  ChunkStats* stats;   // [B, K+1, C] (sample: [B, C])
+  ChunkStats* stats;   // [B, K+1, NB] (sample: [B, NB]), NB = ceil(V / kStatBlock)
   RacePair* race;      // [B, C]
   RowDecision* rows;   // [B]
-  int64_t chunks;      // C
-  int64_t chunk_len;   // a multiple of kRaceTile
-};
-
-struct FloatStatsMerge {
-  __device__ ChunkStats operator()(const ChunkStats& a, const ChunkStats& b) const { return merge_stats(a, b); }
-};
-struct RaceMerge {
-  __device__ RacePair operator()(const RacePair& a, const RacePair& b) const { return merge_race(a, b); }
+  int64_t chunks;      // C: chunks per row (work split only; results do not depend on it)
+  int64_t chunk_len;   // a multiple of kStatBlock
+  int64_t stat_blocks; // NB
 };
 
 __device__ __forceinline__ RowRng make_rng(const RowRandomness& r, int64_t b) {
@@ -138,21 +175,13 @@ __device__ __forceinline__ RowRng make_rng(const RowRandomness& r, int64_t b) {
                 static_cast<uint64_t>(r.offset.get(b)));
 }
 
-// Stats of chunk c of one row of length V (block-wide; result valid in all threads).
-template <typename T>
-__device__ ChunkStats chunk_stats(const T* row, int64_t V, int64_t c, int64_t chunk_len, float inv_t,
-                                  bool want_sum, ChunkStats* scratch) {
-  ChunkStats st = ChunkStats::empty();
-  const int64_t begin = c * chunk_len;
-  const int64_t end = imin(V, begin + chunk_len);
-  for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x)
-    fold_value(st, to_float(row[v]) * inv_t, v, want_sum);
-  return block_reduce(st, FloatStatsMerge{}, scratch);
-}
+// ----------------------------------------------------------------------------
+// Race weights and the two-level race
+// ----------------------------------------------------------------------------
 
-// Race weights of the 4 tokens v0..v0+3 (v0 a multiple of 4; entries >= V get
-// weight 0): p = target probability, w = residual max(0, p - q). q_mode: 0 none
-// (bonus / sample: w = p), 1 one-hot at `draft`, 2 dense q row.
+// Weights of the 4 tokens v0..v0+3 (v0 a multiple of 4; entries >= V weigh 0):
+// p = target probability, w = residual max(0, p - q). q_mode: 0 none (bonus /
+// sample: w = p), 1 one-hot at `draft`, 2 dense q row.
 template <typename T, typename TQ>
 __device__ __forceinline__ void token_weights(const T* row, const TQ* q_row, int q_mode, int64_t draft,
                                               int64_t v0, int64_t V, float inv_t, float max_y, float inv_s,
@@ -163,15 +192,16 @@ __device__ __forceinline__ void token_weights(const T* row, const TQ* q_row, int
     p[k] = w[k] = 0.0f;
     if (v >= V) continue;
     const float e = expf(fmaf(to_float(row[v]), inv_t, -max_y));
-    float q = 0.0f;
-    if (q_mode == 2) {
-      q = to_float(q_row[v]);
-      if (bad_prob(q)) bad = 1;
-    } else if (q_mode == 1) {
-      q = v == draft ? 1.0f : 0.0f;
-    }
     p[k] = e * inv_s;
-    w[k] = q_mode == 0 ? p[k] : residual_weight(e, inv_s, q);
+    if (q_mode == 0) {
+      w[k] = p[k];
+    } else if (q_mode == 1) {
+      w[k] = v == draft ? 0.0f : p[k];  // max(0, p - 1) = 0 at the draft
+    } else {
+      const float q = to_float(q_row[v]);
+      if (bad_prob(q)) bad = 1;
+      w[k] = residual_weight(e, inv_s, q);
+    }
   }
 }
 
@@ -183,7 +213,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 
 // Coarse race over the tiles of chunk c (block-wide): one warp per tile of
 // kRaceTile = 128 tokens, 4 per lane. Keys W_t / E_t (residual) and P_t / E_t
-// (target); idx / idx_p are TILE indices. Optionally writes p to probs_out.
+// (target). Optionally writes p to probs_out.
 template <typename T, typename TQ>
 __device__ RacePair chunk_coarse_race(const T* row, const TQ* q_row, int q_mode, int64_t draft, int64_t V,
                                       int64_t c, int64_t chunk_len, float inv_t, float max_y, float inv_s,
@@ -222,8 +252,9 @@ struct RaceBestMerge {
   }
 };
 
-// Fine race (warp-wide) inside tile `tile`: token = argmax weight_v / E_v.
-// Returns the same value in every lane.
+// Fine race (warp-wide) inside tile `tile`: token = argmax weight_v / E_v over
+// tokens of positive weight; -1 if none (cannot happen for a tile the coarse
+// race picked). Same value in every lane.
 template <typename T, typename TQ>
 __device__ int64_t warp_fine_race(const T* row, const TQ* q_row, int q_mode, int64_t draft, int64_t V, int64_t tile,
                                   bool use_p, float inv_t, float max_y, float inv_s, const RowRng& rng,
@@ -234,14 +265,20 @@ __device__ int64_t warp_fine_race(const T* row, const TQ* q_row, int q_mode, int
   int bad = 0;
   token_weights(row, q_row, q_mode, draft, v0, V, inv_t, max_y, inv_s, w, p, bad);
   const Philox4 r = rng.block(token_stream, position, static_cast<uint32_t>(v0 >> 2));
-  RaceBestShfl best{-1.0f, INT64_MAX};
+  RaceBestShfl best{0.0f, -1};
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     if (v0 + k >= V) break;
     const float key = (use_p ? p[k] : w[k]) / exponential_from_bits(r.x[k]);
-    if (race_better(key, v0 + k, RaceBest{best.key, best.index})) best = RaceBestShfl{key, v0 + k};
+    if (key > 0.0f && (best.index < 0 || race_better(key, v0 + k, RaceBest{best.key, best.index})))
+      best = RaceBestShfl{key, v0 + k};
   }
-  return warp_reduce(best, RaceBestMerge{}).index;
+  best = warp_reduce(best, [](const RaceBestShfl& a, const RaceBestShfl& b) {
+    if (a.index < 0) return b;
+    if (b.index < 0) return a;
+    return RaceBestMerge{}(a, b);
+  });
+  return best.index;
 }
 
 // ----------------------------------------------------------------------------
@@ -252,119 +289,118 @@ __device__ int64_t warp_fine_race(const T* row, const TQ* q_row, int q_mode, int
 struct RowShared {
   int first_stop;    // min position whose test stops the chain (K: all accepted)
   int bad;           // row invalid regardless of j (NaN / +inf logit, draft id out of range)
-  int stop_invalid;  // the stop at first_stop is an invalid one (all -inf, bad q(x))
+  int stop_invalid;  // the stop at first_stop is an invalid one (unusable stats, bad q(x))
   float max_y, sum;  // merged stats of position first_stop
   int64_t arg;       // its argmax
 };
 
-// The test of one position: merged stats, whether the chain stops here and
-// whether that stop makes the row invalid. Merges run in a fixed order, so every
-// block working on the row gets bit-identical results.
 struct PositionTest {
-  ChunkStats st;
   bool stop, invalid_stop, bad;
 };
 
+// The test of position i given its merged stats (one thread): does the chain
+// stop here, and does that stop make the row invalid?
 template <typename TL, typename TQ>
-__device__ PositionTest test_position(const VerifyParams& P, const Workspace& W, int64_t b, int64_t i,
+__device__ PositionTest test_position(const VerifyParams& P, int64_t b, int64_t i, const ChunkStats& st,
                                       float inv_t, bool greedy, const RowRng& rng) {
-  const int64_t K = P.K, V = P.V, C = W.chunks;
-  const ChunkStats* chunk = W.stats + (b * (K + 1) + i) * C;
-  PositionTest r;
-  r.st = chunk[0];
-  for (int64_t c = 1; c < C; ++c) r.st = merge_stats(r.st, chunk[c]);
-  r.bad = r.st.bad != 0;
-  r.stop = i == K;
-  r.invalid_stop = false;
-  if (!usable_max(r.st.arg_val)) {
+  const int64_t K = P.K, V = P.V;
+  PositionTest r{i == K, false, st.bad != 0};
+  int64_t x = -1;
+  if (i < K) {
+    x = P.draft_ids[b * K + i];
+    if (x < 0 || x >= V) {  // checked at every position, like the CPU
+      r.bad = r.stop = r.invalid_stop = true;
+      return r;
+    }
+  }
+  if (!usable_max(st.arg_val)) {
     r.stop = r.invalid_stop = true;
     return r;
   }
   if (i == K) return r;
-  const int64_t x = P.draft_ids[b * K + i];
-  if (x < 0 || x >= V) {
-    r.bad = r.stop = r.invalid_stop = true;
-  } else if (greedy) {
-    r.stop = x != r.st.arg;
-  } else {
-    const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b + i * P.logits_stride_k;
-    const float q_x = P.draft_probs
-        ? to_float(static_cast<const TQ*>(P.draft_probs)[b * P.probs_stride_b + i * P.probs_stride_k + x])
-        : 1.0f;
-    if (bad_prob(q_x)) {
-      r.stop = r.invalid_stop = true;
-    } else {
-      const float e_x = expf(to_float(row[x]) * inv_t - r.st.max);
-      r.stop = !ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, r.st.sum, e_x);
-    }
+  if (greedy) {
+    r.stop = x != st.arg;
+    return r;
   }
+  const float q_x = P.draft_probs
+      ? to_float(static_cast<const TQ*>(P.draft_probs)[b * P.probs_stride_b + i * P.probs_stride_k + x])
+      : 1.0f;
+  if (bad_prob(q_x)) {
+    r.stop = r.invalid_stop = true;
+    return r;
+  }
+  const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b + i * P.logits_stride_k;
+  const float e_x = expf(fmaf(to_float(row[x]), inv_t, -st.max));
+  r.stop = !ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, st.sum, e_x);
   return r;
 }
 
-// Stage 2a (block-wide): all positions are tested in parallel; the chain stops
-// at the first position whose test stops it.
+// Stage 2a (block-wide): one warp per position merges its stat blocks and
+// tests it; the chain stops at the first position whose test stops it.
 template <typename TL, typename TQ>
 __device__ void decide_row(const VerifyParams& P, const Workspace& W, int64_t b, float inv_t, bool greedy,
                            const RowRng& rng, RowShared& sh) {
-  const int64_t K = P.K;
+  const int64_t K = P.K, NB = W.stat_blocks;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   if (threadIdx.x == 0) {
     sh.first_stop = static_cast<int>(K);
     sh.bad = 0;
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i <= K; i += blockDim.x) {
-    const PositionTest r = test_position<TL, TQ>(P, W, b, i, inv_t, greedy, rng);
-    if (r.bad) atomicOr(&sh.bad, 1);
-    if (r.stop) atomicMin(&sh.first_stop, static_cast<int>(i));
+  for (int64_t i = warp; i <= K; i += warps) {
+    const ChunkStats st = merge_stat_blocks(W.stats + (b * (K + 1) + i) * NB, NB);
+    if (lane == 0) {
+      const PositionTest r = test_position<TL, TQ>(P, b, i, st, inv_t, greedy, rng);
+      if (r.bad) atomicOr(&sh.bad, 1);
+      if (r.stop) atomicMin(&sh.first_stop, static_cast<int>(i));
+    }
   }
   __syncthreads();
   const int64_t j = sh.first_stop;
-  if (threadIdx.x == 0) {  // publish the stats of the stop position
-    const PositionTest r = test_position<TL, TQ>(P, W, b, j, inv_t, greedy, rng);
-    sh.stop_invalid = r.invalid_stop;
-    sh.max_y = r.st.max;
-    sh.sum = r.st.sum;
-    sh.arg = r.st.arg;
+  if (warp == 0) {  // publish the stats of the stop position
+    const ChunkStats st = merge_stat_blocks(W.stats + (b * (K + 1) + j) * NB, NB);
+    if (lane == 0) {
+      const PositionTest r = test_position<TL, TQ>(P, b, j, st, inv_t, greedy, rng);
+      sh.stop_invalid = r.invalid_stop;
+      sh.max_y = st.max;
+      sh.sum = st.sum;
+      sh.arg = st.arg;
+    }
   }
   __syncthreads();
 }
 
 template <typename TL, typename TQ>
 __global__ void verify_kernel(VerifyParams P, Workspace W) {
-  __shared__ ChunkStats stats_scratch[32];
   __shared__ RacePair race_scratch[32];
   __shared__ RowShared row;
   cg::grid_group grid = cg::this_grid();
-  const int64_t B = P.B, K = P.K, V = P.V, C = W.chunks;
+  const int64_t B = P.B, K = P.K, V = P.V, C = W.chunks, NB = W.stat_blocks;
 
-  // Stage 1: stats of every (row, position, chunk).
+  // Stage 1: stats of every (row, position, stat block).
   for (int64_t item = blockIdx.x; item < B * (K + 1) * C; item += gridDim.x) {
     const int64_t b = item / ((K + 1) * C), i = (item / C) % (K + 1), c = item % C;
     const float t = P.temperature.get(b);
-    const bool greedy = t == 0.0f;
-    ChunkStats st = ChunkStats::empty();
-    if (t >= 0.0f) {
-      const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b + i * P.logits_stride_k;
-      st = chunk_stats(row, V, c, W.chunk_len, greedy ? 1.0f : 1.0f / t, !greedy, stats_scratch);
-    }
-    if (threadIdx.x == 0) W.stats[item] = st;
+    const bool greedy = t == 0.0f, t_ok = valid_temperature(t);
+    const TL* lrow = static_cast<const TL*>(P.logits) + b * P.logits_stride_b + i * P.logits_stride_k;
+    chunk_stat_blocks(lrow, V, c, W.chunk_len, (greedy || !t_ok) ? 1.0f : 1.0f / t, !greedy, t_ok,
+                      W.stats + (b * (K + 1) + i) * NB);
   }
   grid.sync();
 
-  // Stage 2: decide each row, race its rejected / bonus position.
+  // Stage 2: decide each row, coarse race over its stop position.
   for (int64_t item = blockIdx.x; item < B * C; item += gridDim.x) {
     const int64_t b = item / C, c = item % C;
     const float t = P.temperature.get(b);
-    const bool t_ok = t >= 0.0f;
-    const bool greedy = t == 0.0f;
+    const bool t_ok = valid_temperature(t), greedy = t == 0.0f;
     const float inv_t = (greedy || !t_ok) ? 1.0f : 1.0f / t;
     const RowRng rng = make_rng(P.rnd, b);
     if (t_ok) {
       decide_row<TL, TQ>(P, W, b, inv_t, greedy, rng, row);
-    } else if (threadIdx.x == 0) {
-      row.bad = 1;
+    } else {
+      if (threadIdx.x == 0) row = RowShared{0, 1, 1, 0.0f, 0.0f, 0};
+      __syncthreads();
     }
-    __syncthreads();
     const bool valid = t_ok && !row.bad && !row.stop_invalid;
     const int64_t j = row.first_stop;
     RacePair rp = RacePair::empty();
@@ -372,8 +408,8 @@ __global__ void verify_kernel(VerifyParams P, Workspace W) {
       const TL* lrow = static_cast<const TL*>(P.logits) + b * P.logits_stride_b + j * P.logits_stride_k;
       const int q_mode = j == K ? 0 : (P.draft_probs ? 2 : 1);
       const TQ* q_row = q_mode == 2
-                            ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b + j * P.probs_stride_k
-                            : nullptr;
+          ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b + j * P.probs_stride_k
+          : nullptr;
       const int64_t x = j < K ? P.draft_ids[b * K + j] : -1;
       rp = chunk_coarse_race(lrow, q_row, q_mode, x, V, c, W.chunk_len, inv_t, row.max_y, 1.0f / row.sum, rng,
                              kStreamVerifyTile, static_cast<uint32_t>(j), static_cast<float*>(nullptr),
@@ -389,28 +425,28 @@ __global__ void verify_kernel(VerifyParams P, Workspace W) {
 
   // Stage 3: one warp per row: fine race, then lane 0 writes the outputs.
   const int lane = threadIdx.x & 31;
+  const int64_t ntiles = (V + kRaceTile - 1) / kRaceTile;
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); b < B;
        b += warps_total) {
     const RowDecision d = W.rows[b];
     int64_t token = d.token;
     bool valid = d.status != 0;
-    if (d.status == 1) {
+    if (d.status == 1) {  // warp-uniform
       RacePair r = W.race[b * C];
       for (int64_t c = 1; c < C; ++c) r = merge_race(r, W.race[b * C + c]);
       const bool use_p = !(r.key > 0.0f);
       const int64_t tile = use_p ? r.idx_p : r.idx;
-      valid = !r.bad && tile >= 0 && tile * kRaceTile < V;
-      if (valid) {  // warp-uniform
-        const float t = P.temperature.get(b);
+      valid = !r.bad && tile >= 0 && tile < ntiles;
+      if (valid) {
         const int q_mode = d.j == K ? 0 : (P.draft_probs ? 2 : 1);
         const TL* lrow = static_cast<const TL*>(P.logits) + b * P.logits_stride_b + d.j * P.logits_stride_k;
         const TQ* q_row = q_mode == 2
             ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b + d.j * P.probs_stride_k
             : nullptr;
         const int64_t x = d.j < K ? P.draft_ids[b * K + d.j] : -1;
-        token = warp_fine_race(lrow, q_row, q_mode, x, V, tile, use_p, 1.0f / t, d.max_y, 1.0f / d.sum,
-                               make_rng(P.rnd, b), kStreamVerifyRace, static_cast<uint32_t>(d.j));
+        token = warp_fine_race(lrow, q_row, q_mode, x, V, tile, use_p, 1.0f / P.temperature.get(b), d.max_y,
+                               1.0f / d.sum, make_rng(P.rnd, b), kStreamVerifyRace, static_cast<uint32_t>(d.j));
         valid = token >= 0 && token < V;
       }
     }
@@ -432,20 +468,17 @@ __global__ void verify_kernel(VerifyParams P, Workspace W) {
 // ----------------------------------------------------------------------------
 template <typename TL>
 __global__ void sample_kernel(SampleParams P, Workspace W) {
-  __shared__ ChunkStats stats_scratch[32];
   __shared__ RacePair race_scratch[32];
+  __shared__ ChunkStats row_stats;
   cg::grid_group grid = cg::this_grid();
-  const int64_t B = P.B, V = P.V, C = W.chunks;
+  const int64_t B = P.B, V = P.V, C = W.chunks, NB = W.stat_blocks;
 
   for (int64_t item = blockIdx.x; item < B * C; item += gridDim.x) {
     const int64_t b = item / C, c = item % C;
     const float t = P.temperature.get(b);
-    const bool greedy = t == 0.0f;
+    const bool greedy = t == 0.0f, t_ok = valid_temperature(t);
     const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
-    ChunkStats st = ChunkStats::empty();
-    if (t >= 0.0f) st = chunk_stats(row, V, c, W.chunk_len, greedy ? 1.0f : 1.0f / t, !greedy, stats_scratch);
-    else st.bad = 1;
-    if (threadIdx.x == 0) W.stats[item] = st;
+    chunk_stat_blocks(row, V, c, W.chunk_len, (greedy || !t_ok) ? 1.0f : 1.0f / t, !greedy, t_ok, W.stats + b * NB);
   }
   grid.sync();
 
@@ -453,9 +486,13 @@ __global__ void sample_kernel(SampleParams P, Workspace W) {
     const int64_t b = item / C, c = item % C;
     const float t = P.temperature.get(b);
     const bool greedy = t == 0.0f;
-    ChunkStats st = W.stats[b * C];
-    for (int64_t k = 1; k < C; ++k) st = merge_stats(st, W.stats[b * C + k]);
-    const bool valid = t >= 0.0f && !st.bad && usable_max(st.arg_val);
+    if ((threadIdx.x >> 5) == 0) {
+      const ChunkStats st = merge_stat_blocks(W.stats + b * NB, NB);
+      if (threadIdx.x == 0) row_stats = st;
+    }
+    __syncthreads();
+    const ChunkStats st = row_stats;
+    const bool valid = valid_temperature(t) && !st.bad && usable_max(st.arg_val);
     const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
     float* probs = P.probs_out ? P.probs_out + b * P.probs_stride_b : nullptr;
     const int64_t begin = c * W.chunk_len, end = imin(V, begin + W.chunk_len);
@@ -472,19 +509,21 @@ __global__ void sample_kernel(SampleParams P, Workspace W) {
       W.race[item] = rp;
       if (c == 0) W.rows[b] = RowDecision{0, st.arg, st.max, st.sum, valid ? (greedy ? 2 : 1) : 0};
     }
+    __syncthreads();  // row_stats is reused by the next item
   }
   grid.sync();
 
   const int lane = threadIdx.x & 31;
+  const int64_t ntiles = (V + kRaceTile - 1) / kRaceTile;
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); b < B;
        b += warps_total) {
     const RowDecision d = W.rows[b];
     int64_t token = d.status == 2 ? d.token : -1;
-    if (d.status == 1) {
+    if (d.status == 1) {  // warp-uniform
       RacePair r = W.race[b * C];
       for (int64_t c = 1; c < C; ++c) r = merge_race(r, W.race[b * C + c]);
-      if (!r.bad && r.idx_p >= 0 && r.idx_p * kRaceTile < V) {
+      if (!r.bad && r.idx_p >= 0 && r.idx_p < ntiles) {
         const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
         token = warp_fine_race(row, static_cast<const float*>(nullptr), 0, -1, V, r.idx_p, true,
                                1.0f / P.temperature.get(b), d.max_y, 1.0f / d.sum, make_rng(P.rnd, b),
