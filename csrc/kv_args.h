@@ -215,5 +215,27 @@ inline PagedGatherParams prepare_paged_gather(const at::Tensor& key_cache, const
   return P;
 }
 
+// Gather outputs keys / values [B, H, max_len, D]: the cache's dtype and device, head dim contiguous.
+inline void set_gather_outputs(PagedGatherParams& P, const at::Tensor& key_cache, const at::Tensor& keys,
+                               const at::Tensor& values) {
+  const std::vector<int64_t> shape{P.B, P.H, P.max_len, key_cache.size(3)};
+  const at::Tensor* outs[2] = {&keys, &values};
+  const char* names[2] = {"keys_out", "values_out"};
+  for (int i = 0; i < 2; ++i) {
+    const at::Tensor& o = *outs[i];
+    TORCH_CHECK(o.scalar_type() == key_cache.scalar_type(), names[i], " has dtype ", o.scalar_type(),
+                " but the cache has ", key_cache.scalar_type(), ": they must match");
+    TORCH_CHECK(o.sizes() == at::IntArrayRef(shape), names[i], " must be [B, H, max_len, D] = ", shape,
+                ", got shape ", o.sizes());
+    check_same_device(o, key_cache, names[i], "key_cache");
+    TORCH_CHECK(o.size(3) <= 1 || o.stride(3) == 1, names[i],
+                " must have stride 1 in its last (head_dim) dim, got strides ", o.strides());
+    P.out[i] = static_cast<char*>(o.numel() ? o.data_ptr() : nullptr);
+    for (int d = 0; d < 3; ++d) P.out_stride[i][d] = o.stride(d) * o.element_size();
+  }
+  TORCH_CHECK(keys.numel() == 0 || keys.data_ptr() != values.data_ptr(),
+              "keys_out and values_out must be different tensors (they share memory)");
+}
+
 }  // namespace kv
 }  // namespace specdec

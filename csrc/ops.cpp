@@ -71,6 +71,12 @@ TORCH_LIBRARY(specdec, m) {
   // table entry is out of range.
   m.def("paged_kv_gather(Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor lengths, "
         "int max_len) -> (Tensor, Tensor)");
+
+  // paged_kv_gather into caller-owned buffers (reused across steps; CUDA-graph friendly).
+  //   keys_out, values_out [B, H, max_len, D] (mutated) cache dtype, stride(3) == 1, other strides free;
+  //   max_len = keys_out.size(2). Same rules as paged_kv_gather; CPU writes nothing on an error.
+  m.def("paged_kv_gather_into_(Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor lengths, "
+        "Tensor(a!) keys_out, Tensor(b!) values_out) -> ()");
 }
 
 #ifndef SPECDEC_WITH_CUDA

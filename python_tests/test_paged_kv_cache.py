@@ -179,6 +179,40 @@ def test_gather_matches_reference(device, dtype, table_dtype, max_len):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gather_into_preallocated_buffers(device, dtype):
+    """paged_kv_gather_into_ writes into caller buffers (here strided slices of a bigger,
+    NaN-poisoned buffer) exactly what paged_kv_gather returns, and nothing else."""
+    gen = torch.Generator().manual_seed(5)
+    kc, vc, tables, lengths = gather_case(dtype, device, gen)
+    buf = poisoned((2, 5, 2, 16, 8), dtype, device)
+    keys_out, values_out = buf[0, :, :, 1:13], buf[1, :, :, 1:13]
+    expected = buf.clone()
+    expected[0, :, :, 1:13] = ref_gather(kc, tables, lengths, 12)
+    expected[1, :, :, 1:13] = ref_gather(vc, tables, lengths, 12)
+    got = paged_kv_gather(kc, vc, tables, lengths, out=(keys_out, values_out))
+    assert got[0] is keys_out and got[1] is values_out
+    assert_same(buf, expected)
+    if device == "cpu":  # an invalid request writes nothing
+        before = buf.clone()
+        bad = lengths.clone()
+        bad[2] = 13
+        with pytest.raises(RuntimeError, match="must be in"):
+            paged_kv_gather(kc, vc, tables, bad, out=(keys_out, values_out))
+        assert_same(buf, before)
+    op = torch.ops.specdec.paged_kv_gather_into_
+    with pytest.raises(RuntimeError, match="keys_out has dtype"):
+        op(kc, vc, tables, lengths, keys_out.float() if dtype != torch.float32 else keys_out.half(), values_out)
+    with pytest.raises(RuntimeError, match=r"values_out must be \[B, H, max_len, D\]"):
+        op(kc, vc, tables, lengths, keys_out, values_out[:, :, :5])
+    with pytest.raises(RuntimeError, match="different tensors"):
+        op(kc, vc, tables, lengths, keys_out, keys_out)
+    kc2, vc2 = kc.nan_to_num(), vc.nan_to_num()
+    torch.library.opcheck(op.default, (kc2, vc2, tables, lengths, torch.zeros_like(keys_out),
+                                       torch.zeros_like(values_out)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_gather_strided_cache_and_empty(device):
     gen = torch.Generator().manual_seed(0)
     kc, vc, tables, lengths = gather_case(torch.float16, device, gen)

@@ -48,3 +48,9 @@ def _paged_kv_gather_fake(key_cache, value_cache, block_tables, lengths, max_len
     keys = key_cache.new_empty((B, H, max_len, D))
     values = value_cache.new_empty((B, H, max_len, D))
     return keys, values
+
+
+@torch.library.register_fake("specdec::paged_kv_gather_into_")
+def _paged_kv_gather_into_fake(key_cache, value_cache, block_tables, lengths, keys_out, values_out):
+    torch._check(keys_out.dim() == 4, lambda: "keys_out must be [B, H, max_len, D]")
+    return None

@@ -50,7 +50,9 @@ def paged_kv_gather(
     value_cache: torch.Tensor,
     block_tables: torch.Tensor,
     lengths: torch.Tensor,
-    max_len: int,
+    max_len: Optional[int] = None,
+    *,
+    out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Copy each row's first ``lengths[b]`` tokens out of the paged cache, for dense attention.
 
@@ -60,16 +62,28 @@ def paged_kv_gather(
     block_tables : Tensor [B, max_blocks_per_seq] int32 (int64 accepted); entries past a
         row's last used block are not read (any value, e.g. -1).
     lengths : Tensor [B] int32 | int64
-    max_len : int, the gathered length L (e.g. max(lengths))
+    max_len : int, the gathered length L (e.g. max(lengths)); taken from ``out`` when given
+    out : (keys_out, values_out), optional
+        Caller-owned [B, H, L, D] buffers of the cache's dtype (head dim contiguous, other
+        strides free) written in place and returned (``specdec::paged_kv_gather_into_``):
+        no allocation per step, so the buffers can be reused and captured in a CUDA graph.
 
     Returns
     -------
-    (keys, values) : Tensor [B, H, L, D] contiguous, the cache's dtype; zero at positions
+    (keys, values) : Tensor [B, H, L, D] (contiguous unless ``out``), the cache's dtype; zero at positions
     ``>= lengths[b]``. On CPU a length outside [0, min(max_len, max_blocks_per_seq *
     block_size)] or a used table entry outside [0, num_blocks) raises; on CUDA (no sync) the
     length is clamped into that range and positions whose table entry is out of range are
     zero.
     """
+    if out is not None:
+        keys_out, values_out = out
+        if max_len is not None and keys_out.dim() == 4 and keys_out.shape[2] != max_len:
+            raise ValueError(f"max_len={max_len} but out has length {keys_out.shape[2]}")
+        torch.ops.specdec.paged_kv_gather_into_(key_cache, value_cache, block_tables, lengths, keys_out, values_out)
+        return keys_out, values_out
+    if max_len is None:
+        raise ValueError("max_len is required when out is not given")
     return torch.ops.specdec.paged_kv_gather(key_cache, value_cache, block_tables, lengths, int(max_len))
 
 
@@ -368,21 +382,21 @@ class PagedKVCache:
         """Device lengths int64 [B]."""
         return torch.tensor([self.manager.length(s) for s in seqs], dtype=torch.int64).to(self.device)
 
-    def gather(self, layer: int, seqs: Sequence[Hashable], max_len: Optional[int] = None
-               ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def gather(self, layer: int, seqs: Sequence[Hashable], max_len: Optional[int] = None, *,
+               out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Dense (keys, values) [B, H, max_len, D] of the sequences (zero past each length);
-        max_len defaults to the longest sequence."""
+        max_len defaults to the longest sequence (or out's length); ``out`` as in
+        :func:`paged_kv_gather`."""
         seqs = list(seqs)
         lens = [self.manager.length(s) for s in seqs]
         if max_len is None:
-            max_len = max(lens, default=0)
+            max_len = out[0].shape[2] if out is not None else max(lens, default=0)
         if any(n > max_len for n in lens):
             raise ValueError(f"max_len={max_len} is shorter than a sequence (lengths {lens})")
         width = max(1, _ceil_div(max_len, self.block_size))
         k_cache, v_cache = self.layer(layer)
-        return torch.ops.specdec.paged_kv_gather(
-            k_cache, v_cache, self.block_tables(seqs, width),
-            torch.tensor(lens, dtype=torch.int64).to(self.device), max_len)
+        return paged_kv_gather(k_cache, v_cache, self.block_tables(seqs, width),
+                               torch.tensor(lens, dtype=torch.int64).to(self.device), max_len, out=out)
 
     def rollback(self, seq: Hashable, new_len: int) -> None:
         self.manager.rollback(seq, new_len)

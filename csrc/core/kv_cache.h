@@ -80,11 +80,12 @@ struct PagedAppendParams {
   int64_t T = 0, H = 0, block_size = 0, num_blocks = 0, row_bytes = 0;
 };
 
-// specdec::paged_kv_gather. Output [B, H, max_len, D] contiguous.
+// specdec::paged_kv_gather / paged_kv_gather_into_. Output [B, H, max_len, D].
 struct PagedGatherParams {
   const char* cache[2] = {nullptr, nullptr};
   int64_t cache_stride[2][3] = {};  // bytes: block, offset in block, h
   char* out[2] = {nullptr, nullptr};
+  int64_t out_stride[2][3] = {};    // bytes: b, h, position
   IndexVec block_tables;            // [B, max_blocks] (ptr, stride of dim 1)
   int64_t table_stride_b = 0;       // elements
   IndexVec lengths;                 // [B]
@@ -108,6 +109,9 @@ struct PagedGatherParams {
         : static_cast<int64_t>(static_cast<const int32_t*>(block_tables.ptr)[b * table_stride_b +
                                                                              i * block_tables.stride]);
     return (blk >= 0 && blk < num_blocks) ? blk : -1;
+  }
+  SPECDEC_HD char* out_row(int kv, int64_t b, int64_t h, int64_t p) const {
+    return (kv ? out[1] : out[0]) + b * out_stride[kv][0] + h * out_stride[kv][1] + p * out_stride[kv][2];
   }
 };
 

@@ -96,14 +96,12 @@ void paged_kv_append_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const a
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                                       const at::Tensor& block_tables, const at::Tensor& lengths,
-                                                       int64_t max_len) {
-  PagedGatherParams P = kv::prepare_paged_gather(key_cache, value_cache, block_tables, lengths, max_len);
+// Validates every row (raising before anything is written), then copies / zero-fills.
+void gather_cpu(PagedGatherParams& P) {
   for (int64_t b = 0; b < P.B; ++b) {
     const int64_t n = P.lengths.get(b);
-    TORCH_CHECK(n >= 0 && n <= max_len, "paged_kv_gather: lengths[", b, "] = ", n, " must be in [0, max_len = ",
-                max_len, "]");
+    TORCH_CHECK(n >= 0 && n <= P.max_len, "paged_kv_gather: lengths[", b, "] = ", n, " must be in [0, max_len = ",
+                P.max_len, "]");
     TORCH_CHECK(n <= P.max_blocks * P.block_size, "paged_kv_gather: lengths[", b, "] = ", n,
                 " exceeds what block_tables can address (max_blocks_per_seq * block_size = ",
                 P.max_blocks * P.block_size, ")");
@@ -112,18 +110,13 @@ std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cpu(const at::Tensor& key_cac
                   "] is out of range [0, num_blocks = ", P.num_blocks, ") but row ", b, " uses it (length ", n, ")");
     }
   }
-  const int64_t D = key_cache.size(3);
-  at::Tensor keys = at::empty({P.B, P.H, max_len, D}, key_cache.options());
-  at::Tensor values = at::empty({P.B, P.H, max_len, D}, value_cache.options());
-  if (keys.numel() == 0) return {keys, values};
-  P.out[0] = static_cast<char*>(keys.data_ptr());
-  P.out[1] = static_cast<char*>(values.data_ptr());
-  at::parallel_for(0, P.B * P.H * max_len, grain(P.row_bytes), [&](int64_t begin, int64_t end) {
+  if (P.B * P.H * P.max_len == 0 || P.row_bytes == 0) return;
+  at::parallel_for(0, P.B * P.H * P.max_len, grain(P.row_bytes), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t p = r % max_len, h = (r / max_len) % P.H, b = r / (max_len * P.H);
+      const int64_t p = r % P.max_len, h = (r / P.max_len) % P.H, b = r / (P.max_len * P.H);
       const int64_t blk = p < P.clamped_length(b) ? P.block_of(b, p) : -1;
       for (int i = 0; i < 2; ++i) {
-        char* dst = P.out[i] + r * P.row_bytes;
+        char* dst = P.out_row(i, b, h, p);
         if (blk < 0) {
           std::memset(dst, 0, P.row_bytes);
         } else {
@@ -133,7 +126,27 @@ std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cpu(const at::Tensor& key_cac
       }
     }
   });
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                                       const at::Tensor& block_tables, const at::Tensor& lengths,
+                                                       int64_t max_len) {
+  PagedGatherParams P = kv::prepare_paged_gather(key_cache, value_cache, block_tables, lengths, max_len);
+  const int64_t D = key_cache.size(3);
+  at::Tensor keys = at::empty({P.B, P.H, max_len, D}, key_cache.options());
+  at::Tensor values = at::empty({P.B, P.H, max_len, D}, value_cache.options());
+  kv::set_gather_outputs(P, key_cache, keys, values);
+  gather_cpu(P);
   return {keys, values};
+}
+
+void paged_kv_gather_into_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                              const at::Tensor& block_tables, const at::Tensor& lengths, at::Tensor& keys_out,
+                              at::Tensor& values_out) {
+  TORCH_CHECK(keys_out.dim() == 4, "keys_out must be [B, H, max_len, D], got shape ", keys_out.sizes());
+  PagedGatherParams P = kv::prepare_paged_gather(key_cache, value_cache, block_tables, lengths, keys_out.size(2));
+  kv::set_gather_outputs(P, key_cache, keys_out, values_out);
+  gather_cpu(P);
 }
 
 }  // namespace
@@ -143,6 +156,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("kv_rollback_", &kv_rollback_cpu);
   m.impl("paged_kv_append_", &paged_kv_append_cpu);
   m.impl("paged_kv_gather", &paged_kv_gather_cpu);
+  m.impl("paged_kv_gather_into_", &paged_kv_gather_into_cpu);
 }
 
 }  // namespace specdec

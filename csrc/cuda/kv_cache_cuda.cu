@@ -174,9 +174,8 @@ void paged_kv_append_cuda(at::Tensor& key_cache, at::Tensor& value_cache, const 
   });
 }
 
-// ---- paged_kv_gather -------------------------------------------------------------
-// Flat index i = (kv * rows + r) * nvec + v with r = (b * H + h) * max_len + p, the
-// output row (outputs are contiguous [B, H, max_len, D]).
+// ---- paged_kv_gather / paged_kv_gather_into_ ------------------------------------
+// Flat index i = (kv * rows + r) * nvec + v with r = (b * H + h) * max_len + p.
 template <typename V>
 __global__ void paged_gather_kernel(const PagedGatherParams P, int64_t nvec, int64_t total) {
   const int64_t rows = P.B * P.H * P.max_len;
@@ -189,7 +188,7 @@ __global__ void paged_gather_kernel(const PagedGatherParams P, int64_t nvec, int
     const int64_t h = (r / P.max_len) % P.H;
     const int64_t b = r / (P.max_len * P.H);
     const int64_t blk = p < P.clamped_length(b) ? P.block_of(b, p) : -1;
-    V* dst = reinterpret_cast<V*>((kv ? P.out[1] : P.out[0]) + r * P.row_bytes) + v;
+    V* dst = reinterpret_cast<V*>(P.out_row(kv, b, h, p)) + v;
     if (blk < 0) {
       *dst = V{};
     } else {
@@ -200,6 +199,24 @@ __global__ void paged_gather_kernel(const PagedGatherParams P, int64_t nvec, int
   }
 }
 
+void launch_gather(const PagedGatherParams& P) {
+  if (P.B * P.H * P.max_len == 0 || P.row_bytes == 0) return;
+  const int vb = vector_bytes({reinterpret_cast<int64_t>(P.cache[0]), reinterpret_cast<int64_t>(P.cache[1]),
+                               reinterpret_cast<int64_t>(P.out[0]), reinterpret_cast<int64_t>(P.out[1]),
+                               P.cache_stride[0][0], P.cache_stride[0][1], P.cache_stride[0][2],
+                               P.cache_stride[1][0], P.cache_stride[1][1], P.cache_stride[1][2],
+                               P.out_stride[0][0], P.out_stride[0][1], P.out_stride[0][2],
+                               P.out_stride[1][0], P.out_stride[1][1], P.out_stride[1][2], P.row_bytes});
+  const int64_t nvec = P.row_bytes / vb;
+  const int64_t total = 2 * P.B * P.H * P.max_len * nvec;
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  with_vector_type(vb, [&](auto tag) {
+    using V = decltype(tag);
+    paged_gather_kernel<V><<<num_blocks_for(total), kThreads, 0, stream>>>(P, nvec, total);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
 std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cuda(const at::Tensor& key_cache, const at::Tensor& value_cache,
                                                         const at::Tensor& block_tables, const at::Tensor& lengths,
                                                         int64_t max_len) {
@@ -208,22 +225,19 @@ std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cuda(const at::Tensor& key_ca
   const int64_t D = key_cache.size(3);
   at::Tensor keys = at::empty({P.B, P.H, max_len, D}, key_cache.options());
   at::Tensor values = at::empty({P.B, P.H, max_len, D}, value_cache.options());
-  if (keys.numel() == 0) return {keys, values};
-  P.out[0] = static_cast<char*>(keys.data_ptr());
-  P.out[1] = static_cast<char*>(values.data_ptr());
-  const int vb = vector_bytes({reinterpret_cast<int64_t>(P.cache[0]), reinterpret_cast<int64_t>(P.cache[1]),
-                               reinterpret_cast<int64_t>(P.out[0]), reinterpret_cast<int64_t>(P.out[1]),
-                               P.cache_stride[0][0], P.cache_stride[0][1], P.cache_stride[0][2],
-                               P.cache_stride[1][0], P.cache_stride[1][1], P.cache_stride[1][2], P.row_bytes});
-  const int64_t nvec = P.row_bytes / vb;
-  const int64_t total = 2 * P.B * P.H * max_len * nvec;
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  with_vector_type(vb, [&](auto tag) {
-    using V = decltype(tag);
-    paged_gather_kernel<V><<<num_blocks_for(total), kThreads, 0, stream>>>(P, nvec, total);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
+  kv::set_gather_outputs(P, key_cache, keys, values);
+  launch_gather(P);
   return {keys, values};
+}
+
+void paged_kv_gather_into_cuda(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                               const at::Tensor& block_tables, const at::Tensor& lengths, at::Tensor& keys_out,
+                               at::Tensor& values_out) {
+  TORCH_CHECK(keys_out.dim() == 4, "keys_out must be [B, H, max_len, D], got shape ", keys_out.sizes());
+  PagedGatherParams P = kv::prepare_paged_gather(key_cache, value_cache, block_tables, lengths, keys_out.size(2));
+  kv::set_gather_outputs(P, key_cache, keys_out, values_out);
+  c10::cuda::CUDAGuard guard(key_cache.device());
+  launch_gather(P);
 }
 
 }  // namespace
@@ -233,6 +247,7 @@ TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("kv_rollback_", &kv_rollback_cuda);
   m.impl("paged_kv_append_", &paged_kv_append_cuda);
   m.impl("paged_kv_gather", &paged_kv_gather_cuda);
+  m.impl("paged_kv_gather_into_", &paged_kv_gather_into_cuda);
 }
 
 }  // namespace specdec

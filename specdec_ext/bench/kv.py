@@ -6,8 +6,10 @@ For each device, B in {1, 32}, H = 8, D = 128, S in {1, 6}, fp16 / bf16:
   write with plain PyTorch advanced indexing vs a plain ``copy_`` of the same bytes into a
   contiguous buffer (the bandwidth ceiling for that many bytes);
   paged append: ``paged_kv_append_`` vs ``index_copy_`` on the flattened slots vs ``copy_``.
-* gather (paged cache [num_blocks, 16, H, D] -> [B, H, context, D]): ``paged_kv_gather`` vs
-  ``index_select`` + permute + zero-fill in PyTorch vs ``copy_`` of the same bytes.
+* gather (paged cache [num_blocks, 16, H, D] -> [B, H, context, D]): ``paged_kv_gather``
+  (fresh outputs: on CPU page faults on the new memory dominate) and ``paged_kv_gather_into_``
+  (reused buffers) vs ``index_select`` + permute + zero-fill in PyTorch vs ``copy_`` of the
+  same bytes into a reused buffer.
 
 GB/s counts the bytes the operation writes (keys + values; a copy reads as many). Times are
 medians (CUDA events on a GPU). ``--json PATH`` writes every row.
@@ -125,9 +127,13 @@ def _bench_gather(device: str, B: int, dtype: torch.dtype, context: int, min_s: 
         dst_k.copy_(src_k)
         dst_v.copy_(src_v)
 
+    out_k = torch.empty(B, H, context, D, dtype=dtype, device=device)
+    out_v = torch.empty_like(out_k)
     cases = [
         ("gather", "paged_kv_gather",
          lambda: torch.ops.specdec.paged_kv_gather(kc, vc, tables, lengths, context)),
+        ("gather", "paged_kv_gather_into_",
+         lambda: torch.ops.specdec.paged_kv_gather_into_(kc, vc, tables, lengths, out_k, out_v)),
         ("gather", "torch index_select", torch_gather),
         ("gather", "copy_", plain_copy),
     ]
@@ -149,9 +155,9 @@ def run(devices: List[str], max_len: int, context: int, min_s: float, batches: L
 
 
 def print_table(rows: List[Dict]) -> None:
-    print(f"{'device':6} {'op':12} {'dtype':8} {'B':>3} {'S|ctx':>5}  {'impl':20} {'us':>9} {'GB/s':>8}")
+    print(f"{'device':6} {'op':12} {'dtype':8} {'B':>3} {'S|ctx':>5}  {'impl':22} {'us':>9} {'GB/s':>8}")
     for r in rows:
-        print(f"{r['device']:6} {r['op']:12} {r['dtype']:8} {r['B']:>3} {r['S']:>5}  {r['impl']:20} "
+        print(f"{r['device']:6} {r['op']:12} {r['dtype']:8} {r['B']:>3} {r['S']:>5}  {r['impl']:22} "
               f"{r['seconds'] * 1e6:9.1f} {r['gbps']:8.2f}")
 
 
