@@ -390,6 +390,25 @@ def test_out_of_blocks_refused_tables_unchanged():
     m.check_invariants()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_rollback_many_after_a_step(device):
+    cache = PagedKVCache(1, 16, 4, 1, 2, torch.float32, device)
+    seqs = ["a", "b", "c"]
+    write(cache, seqs, 5, 0)   # prefix
+    write(cache, seqs, 6, 100)  # S = K+1 speculative tokens
+    tables = {s: cache.manager.block_table(s) for s in seqs}
+    with pytest.raises(ValueError, match="nothing changed"):
+        cache.rollback_many(seqs, 6, torch.tensor([1, 7, 6], device=device))  # roll forward
+    with pytest.raises(ValueError, match="nothing changed"):
+        cache.rollback_many(seqs, 12, [0, 0, 0])  # below zero
+    assert {s: cache.manager.block_table(s) for s in seqs} == tables
+    cache.rollback_many(seqs, 6, torch.tensor([1, 6, 3], device=device))  # num_accepted + 1
+    assert [cache.length(s) for s in seqs] == [6, 11, 8]
+    assert [len(cache.manager.block_table(s)) for s in seqs] == [2, 3, 2]
+    assert contents(cache, "b")[:5] == [5.0, 6.0, 7.0, 8.0, 9.0]
+    cache.manager.check_invariants()
+
+
 def test_manager_argument_errors():
     with pytest.raises(ValueError, match="block_size"):
         BlockManager(4, 0)

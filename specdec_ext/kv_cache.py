@@ -132,6 +132,7 @@ class KVCache:
         shape = (num_layers, batch_size, num_kv_heads, max_len, head_dim)
         self.key_cache = torch.zeros(shape, dtype=dtype, device=self.device)
         self.value_cache = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.device = self.key_cache.device  # with its index ("cuda" -> "cuda:0")
         self.lengths = torch.zeros(batch_size, dtype=torch.int64, device=self.device)
         self.errors = torch.zeros(batch_size, dtype=torch.bool, device=self.device)
         self._host = torch.zeros(batch_size, dtype=torch.int64)  # exact, or an upper bound

@@ -306,7 +306,7 @@ class PagedKVCache:
         for layer in range(num_layers):
             cache.append(layer, k, v, slots)            # k, v [T, H, D], T = len(seqs) * S
             keys, values = cache.gather(layer, seqs)    # [B, H, L, D] for SDPA
-        for seq, kept in ...: cache.rollback(seq, cache.length(seq) - S + kept)
+        cache.rollback_many(seqs, S, num_accepted + 1)  # one host read of num_accepted
     """
 
     def __init__(
@@ -332,6 +332,7 @@ class PagedKVCache:
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         self.key_cache = torch.zeros(shape, dtype=dtype, device=self.device)
         self.value_cache = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.device = self.key_cache.device  # with its index ("cuda" -> "cuda:0")
         self.errors = torch.zeros((), dtype=torch.bool, device=self.device)
 
     def layer(self, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -400,6 +401,27 @@ class PagedKVCache:
 
     def rollback(self, seq: Hashable, new_len: int) -> None:
         self.manager.rollback(seq, new_len)
+
+    def rollback_many(self, seqs: Sequence[Hashable], num_appended: int,
+                      num_kept: Union[torch.Tensor, Sequence[int]]) -> None:
+        """After a step that appended num_appended tokens to each sequence, keep num_kept[b]
+        of them (e.g. ``num_accepted + 1``). A device tensor is read once (one sync: the block
+        tables live on the host). All or nothing: any invalid row raises ``ValueError``."""
+        seqs = list(seqs)
+        kept = num_kept.tolist() if isinstance(num_kept, torch.Tensor) else list(num_kept)
+        if len(kept) != len(seqs):
+            raise ValueError(f"num_kept has {len(kept)} entries for {len(seqs)} sequences")
+        new_lens = []
+        for seq, k in zip(seqs, kept):
+            n = self.manager.length(seq)
+            if not 0 <= k <= num_appended or n - (num_appended - k) < 0:
+                raise ValueError(f"sequence {seq!r} (length {n}): num_kept={k} must be in [0, num_appended="
+                                 f"{num_appended}] and leave a length >= 0; nothing changed")
+            new_lens.append(n - (num_appended - k))
+        if len(set(seqs)) != len(seqs):
+            raise ValueError("a sequence appears twice in seqs")
+        for seq, n in zip(seqs, new_lens):
+            self.manager.rollback(seq, n)
 
     def fork(self, seq: Hashable, new_seq: Optional[Hashable] = None) -> Hashable:
         return self.manager.fork(seq, new_seq)
