@@ -90,7 +90,8 @@ def test_sdpa_over_cache_equals_full_causal(device, dtype):
     q_len new tokens appended with kv_append_, SDPA with the mask over the cache view ==
     causal SDPA over each row's full sequence."""
     gen = torch.Generator().manual_seed(1)
-    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    fp32_tol = 1e-5 if device == "cpu" else 1e-4  # CUDA SDPA kernels vs the CPU reference
+    tol = dict(rtol=fp32_tol, atol=fp32_tol) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     B, H, D, M, q_len = 4, 2, 8, 24, 5
     past = [3, 0, 11, 7]
     N = max(past) + q_len
@@ -136,7 +137,8 @@ def test_sdpa_kvcache_and_paged_cache_agree(device):
     keys, values = cache.append(0, k[:, :, prefix:], v[:, :, prefix:])
     out = F.scaled_dot_product_attention(q[:, :, prefix:], keys, values, attn_mask=mask)
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)[:, :, prefix:]
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    tol = dict(rtol=1e-5, atol=1e-5) if device == "cpu" else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out, ref, **tol)
 
     paged = PagedKVCache(1, 16, 4, H, D, torch.float32, device)
     seqs = ["a", "b"]
@@ -148,7 +150,7 @@ def test_sdpa_kvcache_and_paged_cache_agree(device):
     out_p = F.scaled_dot_product_attention(q[:, :, prefix:], pk, pv,
                                            attn_mask=spec_attention_mask([prefix] * B, S, prefix + S,
                                                                          device=device))
-    torch.testing.assert_close(out_p, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out_p, ref, **tol)
 
 
 def test_argument_errors():

@@ -379,7 +379,7 @@ def test_kvcache_arguments_and_reset():
 
 
 @cuda
-def test_kvcache_device_rollback_flags_and_lazy_mirror():
+def test_kvcache_device_rollback_flags_and_lazy_mirror_cuda():
     cache = KVCache(1, 2, 1, 8, 8, torch.float16, "cuda")
     x = torch.ones(2, 1, 6, 8, dtype=torch.float16, device="cuda")
     cache.append(0, x, x)

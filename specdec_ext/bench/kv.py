@@ -172,7 +172,12 @@ def main(argv: List[str]) -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     p.add_argument("--seq", type=int, nargs="+", default=[1, 6], help="S: tokens appended per row")
     p.add_argument("--dtype", choices=sorted(DTYPES), nargs="+", default=["fp16", "bf16"])
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the CPU rows")
     args = p.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            p.error("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device available")
     if args.device != "cpu" and torch.cuda.is_available() and not specdec_ext.has_cuda_kernels():
