@@ -393,3 +393,83 @@ def test_kvcache_device_rollback_flags_and_lazy_mirror_cuda():
     assert cache.lengths.cpu().tolist() == [6, 2]
     with pytest.raises(RuntimeError, match=r"rows \[0\]"):
         cache.check()
+
+
+# ---- torch.compile / CUDA graphs --------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_step_under_torch_compile(device):
+    """append + advance + rollback traced with fullgraph=True (fake kernels, functionalised
+    mutations) gives the eager result."""
+    def step(kc, vc, nk, nv, lengths, kept):
+        torch.ops.specdec.kv_append_(kc, vc, nk, nv, lengths, None)
+        lengths.add_(nk.shape[2])
+        torch.ops.specdec.kv_rollback_(lengths, nk.shape[2], kept, None)
+        return kc[:, :, :6].float().sum(), lengths * 2
+
+    gen = torch.Generator().manual_seed(11)
+    kc, vc, nk, nv, lengths = make_case(3, 2, 12, 8, 3, torch.float16, device, gen)
+    kc, vc = kc.nan_to_num(0.5), vc.nan_to_num(0.5)
+    kept = torch.tensor([1, 3, 0], device=device)
+    eager = [t.clone() for t in (kc, vc, lengths)]
+    out_eager = step(*eager[:2], nk, nv, eager[2], kept)
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    out = compiled(kc, vc, nk, nv, lengths, kept)
+    for a, b in zip((kc, vc, lengths) + tuple(out), tuple(eager) + tuple(out_eager)):
+        assert torch.equal(a, b)
+
+
+@cuda
+def test_step_replayed_in_cuda_graph_cuda():
+    """kv_append_ + lengths += S + kv_rollback_ captured once and replayed with new inputs:
+    no host sync inside, results match a host reference step by step."""
+    B, H, M, D, S = 4, 2, 40, 16, 3
+    dev = "cuda"
+    kc = torch.zeros(B, H, M, D, dtype=torch.float16, device=dev)
+    vc = torch.zeros_like(kc)
+    init = torch.tensor([0, 3, 5, 7])
+    lengths = init.to(dev)
+    nk = torch.zeros(B, H, S, D, dtype=torch.float16, device=dev)
+    nv = torch.zeros_like(nk)
+    kept = torch.full((B,), S, dtype=torch.int64, device=dev)
+    overflow = torch.zeros(B, dtype=torch.bool, device=dev)
+    invalid = torch.zeros(B, dtype=torch.bool, device=dev)
+
+    def step():
+        kv_append_(kc, vc, nk, nv, lengths, overflow=overflow)
+        lengths.add_(S)
+        kv_rollback_(lengths, S, kept, invalid=invalid)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    kc.zero_()
+    vc.zero_()
+    lengths.copy_(init)
+    ref_k, ref_v, ref_len = torch.zeros(B, H, M, D, dtype=torch.float16), torch.zeros(B, H, M, D,
+                                                                                       dtype=torch.float16), init.clone()
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(8):
+        k = torch.randn(B, H, S, D, generator=gen).half()
+        v = torch.randn(B, H, S, D, generator=gen).half()
+        keep = torch.randint(1, S + 1, (B,), generator=gen)
+        nk.copy_(k)
+        nv.copy_(v)
+        kept.copy_(keep)
+        graph.replay()
+        for b in range(B):
+            n = int(ref_len[b])
+            ref_k[b, :, n:n + S], ref_v[b, :, n:n + S] = k[b], v[b]
+        ref_len += keep
+    torch.cuda.synchronize()
+    assert lengths.cpu().tolist() == ref_len.tolist()
+    for b in range(B):
+        n = int(ref_len[b])
+        assert torch.equal(kc[b, :, :n].cpu(), ref_k[b, :, :n])
+        assert torch.equal(vc[b, :, :n].cpu(), ref_v[b, :, :n])
+    assert not overflow.any() and not invalid.any()

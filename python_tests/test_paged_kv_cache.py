@@ -510,3 +510,23 @@ def test_random_simulation_10000_steps(device):
     assert sorted(m.free_blocks()) == list(range(NB)) and m.sequences == []
     assert all(m.ref_count(b) == 0 for b in range(NB))
     cache.check()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_ops_under_torch_compile(device):
+    """paged append + gather traced with fullgraph=True give the eager result."""
+    def step(kc, vc, new, slots, tables, lengths):
+        torch.ops.specdec.paged_kv_append_(kc, vc, new, -new, slots, None)
+        keys, values = torch.ops.specdec.paged_kv_gather(kc, vc, tables, lengths, 12)
+        return keys + 1, values
+
+    gen = torch.Generator().manual_seed(3)
+    kc, vc, tables, lengths = gather_case(torch.float32, device, gen)
+    kc, vc = kc.nan_to_num(), vc.nan_to_num()
+    new = torch.randn(3, 2, 8, generator=gen).to(device)
+    slots = torch.tensor([int(tables[2, 0]) * 4 + 1, -1, int(tables[3, 2]) * 4 + 3], device=device)
+    eager = (kc.clone(), vc.clone())
+    out_eager = step(*eager, new, slots, tables, lengths)
+    out = torch.compile(step, backend="aot_eager", fullgraph=True)(kc, vc, new, slots, tables, lengths)
+    for a, b in zip((kc, vc) + tuple(out), eager + tuple(out_eager)):
+        assert torch.equal(a, b)
