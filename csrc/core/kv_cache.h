@@ -101,15 +101,15 @@ struct PagedGatherParams {
     if (n > cap) n = cap;
     return n;
   }
-  // Block id holding position p of row b, or -1 when the table entry is out of range.
-  SPECDEC_HD int64_t block_of(int64_t b, int64_t p) const {
-    const int64_t i = p / block_size;
-    const int64_t blk = block_tables.is64
-        ? static_cast<const int64_t*>(block_tables.ptr)[b * table_stride_b + i * block_tables.stride]
-        : static_cast<int64_t>(static_cast<const int32_t*>(block_tables.ptr)[b * table_stride_b +
-                                                                             i * block_tables.stride]);
+  // Block id of table entry i of row b, or -1 when the entry is out of range.
+  SPECDEC_HD int64_t table_entry(int64_t b, int64_t i) const {
+    const int64_t at = b * table_stride_b + i * block_tables.stride;
+    const int64_t blk = block_tables.is64 ? static_cast<const int64_t*>(block_tables.ptr)[at]
+                                          : static_cast<int64_t>(static_cast<const int32_t*>(block_tables.ptr)[at]);
     return (blk >= 0 && blk < num_blocks) ? blk : -1;
   }
+  // Block id holding position p of row b, or -1 when the table entry is out of range.
+  SPECDEC_HD int64_t block_of(int64_t b, int64_t p) const { return table_entry(b, p / block_size); }
   SPECDEC_HD char* out_row(int kv, int64_t b, int64_t h, int64_t p) const {
     return (kv ? out[1] : out[0]) + b * out_stride[kv][0] + h * out_stride[kv][1] + p * out_stride[kv][2];
   }

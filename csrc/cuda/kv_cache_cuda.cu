@@ -45,35 +45,49 @@ void with_vector_type(int bytes, Fn&& fn) {
   }
 }
 
-__device__ __forceinline__ int64_t grid_start() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+// Flat-index arithmetic (a few div/mod per vector) in 32 bits when the index space
+// allows it: 64-bit division costs several times more on the GPU. Byte offsets
+// are always 64-bit.
+template <typename Fn>
+void with_index_type(int64_t total, Fn&& fn) {
+  if (total < (int64_t{1} << 31)) fn(uint32_t{});
+  else fn(int64_t{});
 }
-__device__ __forceinline__ int64_t grid_step() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+template <typename I>
+__device__ __forceinline__ I grid_start() {
+  return static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
+}
+template <typename I>
+__device__ __forceinline__ I grid_step() {
+  return static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x);
+}
 
 // ---- kv_append_ --------------------------------------------------------------
 // Flat index i = (((kv * B + b) * H + h) * S + s) * nvec + v (consecutive threads
 // copy consecutive vectors of one row). Threads i < B also flag overflowing rows.
-template <typename V>
-__global__ void kv_append_kernel(const KVAppendParams P, int64_t nvec, int64_t total) {
-  for (int64_t i = grid_start(); i < total; i += grid_step()) {
-    if (P.overflow != nullptr && i < P.B && !kv_append_fits(P.lengths.get(i), P.S, P.max_len)) {
-      P.overflow[i * P.overflow_stride] = true;
+template <typename V, typename I>
+__global__ void kv_append_kernel(const KVAppendParams P, I nvec, I copies, I total) {
+  const I S = static_cast<I>(P.S), H = static_cast<I>(P.H), B = static_cast<I>(P.B);
+  for (I i = grid_start<I>(); i < total; i += grid_step<I>()) {
+    if (P.overflow != nullptr && i < B && !kv_append_fits(P.lengths.get(i), P.S, P.max_len)) {
+      P.overflow[static_cast<int64_t>(i) * P.overflow_stride] = true;
     }
-    if (i >= 2 * P.B * P.H * P.S * nvec) continue;
-    const int64_t v = i % nvec;
-    int64_t r = i / nvec;
-    const int64_t s = r % P.S;
-    r /= P.S;
-    const int64_t h = r % P.H;
-    r /= P.H;
-    const int64_t b = r % P.B;
-    const int kv = static_cast<int>(r / P.B);
+    if (i >= copies) continue;
+    const I v = i % nvec;
+    I r = i / nvec;
+    const I s = r % S;
+    r /= S;
+    const I h = r % H;
+    r /= H;
+    const I b = r % B;
+    const int kv = static_cast<int>(r / B);
     const int64_t n = P.lengths.get(b);
     if (!kv_append_fits(n, P.S, P.max_len)) continue;
-    const char* src = (kv ? P.src[1] : P.src[0]) + b * P.src_stride[kv][0] + h * P.src_stride[kv][1] +
-                      s * P.src_stride[kv][2];
-    char* dst = (kv ? P.cache[1] : P.cache[0]) + b * P.cache_stride[kv][0] + h * P.cache_stride[kv][1] +
-                (n + s) * P.cache_stride[kv][2];
+    const char* src = (kv ? P.src[1] : P.src[0]) + static_cast<int64_t>(b) * P.src_stride[kv][0] +
+                      static_cast<int64_t>(h) * P.src_stride[kv][1] + static_cast<int64_t>(s) * P.src_stride[kv][2];
+    char* dst = (kv ? P.cache[1] : P.cache[0]) + static_cast<int64_t>(b) * P.cache_stride[kv][0] +
+                static_cast<int64_t>(h) * P.cache_stride[kv][1] + (n + static_cast<int64_t>(s)) * P.cache_stride[kv][2];
     reinterpret_cast<V*>(dst)[v] = reinterpret_cast<const V*>(src)[v];
   }
 }
@@ -91,20 +105,25 @@ void kv_append_cuda(at::Tensor& key_cache, at::Tensor& value_cache, const at::Te
                                P.src_stride[0][0], P.src_stride[0][1], P.src_stride[0][2],
                                P.src_stride[1][0], P.src_stride[1][1], P.src_stride[1][2], P.row_bytes});
   const int64_t nvec = P.row_bytes / vb;
-  const int64_t total = std::max<int64_t>(2 * P.B * P.H * P.S * nvec, P.overflow ? P.B : 0);
+  const int64_t copies = 2 * P.B * P.H * P.S * nvec;
+  const int64_t total = std::max<int64_t>(copies, P.overflow ? P.B : 0);
   if (total == 0) return;
   c10::cuda::CUDAGuard guard(key_cache.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  with_vector_type(vb, [&](auto tag) {
-    using V = decltype(tag);
-    kv_append_kernel<V><<<num_blocks_for(total), kThreads, 0, stream>>>(P, nvec, total);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  with_vector_type(vb, [&](auto vtag) {
+    with_index_type(total, [&](auto itag) {
+      using V = decltype(vtag);
+      using I = decltype(itag);
+      kv_append_kernel<V, I><<<num_blocks_for(total), kThreads, 0, stream>>>(
+          P, static_cast<I>(nvec), static_cast<I>(copies), static_cast<I>(total));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
   });
 }
 
 // ---- kv_rollback_ ------------------------------------------------------------
 __global__ void kv_rollback_kernel(const KVRollbackParams P) {
-  for (int64_t b = grid_start(); b < P.B; b += grid_step()) {
+  for (int64_t b = grid_start<int64_t>(); b < P.B; b += grid_step<int64_t>()) {
     const int64_t out = kv_rollback_length(P.lengths.get(b), P.num_appended, P.num_kept.get(b));
     if (out < 0) {
       if (P.invalid != nullptr) P.invalid[b * P.invalid_stride] = true;
@@ -126,26 +145,37 @@ void kv_rollback_cuda(at::Tensor& lengths, int64_t num_appended, const at::Tenso
 
 // ---- paged_kv_append_ ----------------------------------------------------------
 // Flat index i = ((kv * T + t) * H + h) * nvec + v. Threads i < T flag invalid slots.
-template <typename V>
-__global__ void paged_append_kernel(const PagedAppendParams P, int64_t nvec, int64_t total) {
+template <typename V, typename I>
+__global__ void paged_append_kernel(const PagedAppendParams P, I nvec, I copies, I total) {
   const int64_t num_slots = P.num_blocks * P.block_size;
-  for (int64_t i = grid_start(); i < total; i += grid_step()) {
-    if (P.invalid != nullptr && i < P.T && classify_slot(P.slots.get(i), num_slots) == SlotKind::kInvalid) {
+  const bool small_slots = num_slots < (int64_t{1} << 32);
+  const I H = static_cast<I>(P.H), T = static_cast<I>(P.T);
+  for (I i = grid_start<I>(); i < total; i += grid_step<I>()) {
+    if (P.invalid != nullptr && i < T && classify_slot(P.slots.get(i), num_slots) == SlotKind::kInvalid) {
       *P.invalid = true;
     }
-    if (i >= 2 * P.T * P.H * nvec) continue;
-    const int64_t v = i % nvec;
-    int64_t r = i / nvec;
-    const int64_t h = r % P.H;
-    r /= P.H;
-    const int64_t t = r % P.T;
-    const int kv = static_cast<int>(r / P.T);
+    if (i >= copies) continue;
+    const I v = i % nvec;
+    I r = i / nvec;
+    const I h = r % H;
+    r /= H;
+    const I t = r % T;
+    const int kv = static_cast<int>(r / T);
     const int64_t slot = P.slots.get(t);
     if (classify_slot(slot, num_slots) != SlotKind::kWrite) continue;
-    const int64_t blk = slot / P.block_size, off = slot % P.block_size;
-    const char* src = (kv ? P.src[1] : P.src[0]) + t * P.src_stride[kv][0] + h * P.src_stride[kv][1];
+    int64_t blk, off;
+    if (small_slots) {  // 32-bit division (uniform branch)
+      const uint32_t s32 = static_cast<uint32_t>(slot), bs32 = static_cast<uint32_t>(P.block_size);
+      blk = s32 / bs32;
+      off = s32 - static_cast<uint32_t>(blk) * bs32;
+    } else {
+      blk = slot / P.block_size;
+      off = slot % P.block_size;
+    }
+    const char* src = (kv ? P.src[1] : P.src[0]) + static_cast<int64_t>(t) * P.src_stride[kv][0] +
+                      static_cast<int64_t>(h) * P.src_stride[kv][1];
     char* dst = (kv ? P.cache[1] : P.cache[0]) + blk * P.cache_stride[kv][0] + off * P.cache_stride[kv][1] +
-                h * P.cache_stride[kv][2];
+                static_cast<int64_t>(h) * P.cache_stride[kv][2];
     reinterpret_cast<V*>(dst)[v] = reinterpret_cast<const V*>(src)[v];
   }
 }
@@ -163,37 +193,49 @@ void paged_kv_append_cuda(at::Tensor& key_cache, at::Tensor& value_cache, const 
                                P.src_stride[0][0], P.src_stride[0][1], P.src_stride[1][0], P.src_stride[1][1],
                                P.row_bytes});
   const int64_t nvec = P.row_bytes / vb;
-  const int64_t total = std::max<int64_t>(2 * P.T * P.H * nvec, P.invalid ? P.T : 0);
+  const int64_t copies = 2 * P.T * P.H * nvec;
+  const int64_t total = std::max<int64_t>(copies, P.invalid ? P.T : 0);
   if (total == 0) return;
   c10::cuda::CUDAGuard guard(key_cache.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  with_vector_type(vb, [&](auto tag) {
-    using V = decltype(tag);
-    paged_append_kernel<V><<<num_blocks_for(total), kThreads, 0, stream>>>(P, nvec, total);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  with_vector_type(vb, [&](auto vtag) {
+    with_index_type(total, [&](auto itag) {
+      using V = decltype(vtag);
+      using I = decltype(itag);
+      paged_append_kernel<V, I><<<num_blocks_for(total), kThreads, 0, stream>>>(
+          P, static_cast<I>(nvec), static_cast<I>(copies), static_cast<I>(total));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
   });
 }
 
 // ---- paged_kv_gather / paged_kv_gather_into_ ------------------------------------
 // Flat index i = (kv * rows + r) * nvec + v with r = (b * H + h) * max_len + p.
-template <typename V>
-__global__ void paged_gather_kernel(const PagedGatherParams P, int64_t nvec, int64_t total) {
-  const int64_t rows = P.B * P.H * P.max_len;
-  for (int64_t i = grid_start(); i < total; i += grid_step()) {
-    const int64_t v = i % nvec;
-    const int64_t q = i / nvec;
-    const int64_t r = q % rows;
+template <typename V, typename I>
+__global__ void paged_gather_kernel(const PagedGatherParams P, I nvec, I total) {
+  const I H = static_cast<I>(P.H), L = static_cast<I>(P.max_len);
+  const I rows = static_cast<I>(P.B) * H * L;
+  // max_len < 2^31 here whenever I is 32-bit, and block_size <= max_len is all that matters for
+  // positions p < max_len: a bigger block_size gives bi = 0 either way.
+  const I BS = static_cast<I>(P.block_size < P.max_len ? P.block_size : (P.max_len > 0 ? P.max_len : 1));
+  for (I i = grid_start<I>(); i < total; i += grid_step<I>()) {
+    const I v = i % nvec;
+    const I q = i / nvec;
+    const I r = q % rows;
     const int kv = static_cast<int>(q / rows);
-    const int64_t p = r % P.max_len;
-    const int64_t h = (r / P.max_len) % P.H;
-    const int64_t b = r / (P.max_len * P.H);
-    const int64_t blk = p < P.clamped_length(b) ? P.block_of(b, p) : -1;
+    const I p = r % L;
+    const I bh = r / L;
+    const I h = bh % H;
+    const I b = bh / H;
+    const I bi = p / BS, off = p - bi * BS;  // table entry, offset in the block
+    const int64_t blk = static_cast<int64_t>(p) < P.clamped_length(b) ? P.table_entry(b, bi) : -1;
     V* dst = reinterpret_cast<V*>(P.out_row(kv, b, h, p)) + v;
     if (blk < 0) {
       *dst = V{};
     } else {
       const char* src = (kv ? P.cache[1] : P.cache[0]) + blk * P.cache_stride[kv][0] +
-                        (p % P.block_size) * P.cache_stride[kv][1] + h * P.cache_stride[kv][2];
+                        static_cast<int64_t>(off) * P.cache_stride[kv][1] +
+                        static_cast<int64_t>(h) * P.cache_stride[kv][2];
       *dst = reinterpret_cast<const V*>(src)[v];
     }
   }
@@ -210,10 +252,14 @@ void launch_gather(const PagedGatherParams& P) {
   const int64_t nvec = P.row_bytes / vb;
   const int64_t total = 2 * P.B * P.H * P.max_len * nvec;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  with_vector_type(vb, [&](auto tag) {
-    using V = decltype(tag);
-    paged_gather_kernel<V><<<num_blocks_for(total), kThreads, 0, stream>>>(P, nvec, total);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  with_vector_type(vb, [&](auto vtag) {
+    with_index_type(total, [&](auto itag) {
+      using V = decltype(vtag);
+      using I = decltype(itag);
+      paged_gather_kernel<V, I><<<num_blocks_for(total), kThreads, 0, stream>>>(
+          P, static_cast<I>(nvec), static_cast<I>(total));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
   });
 }
 
