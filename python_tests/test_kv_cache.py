@@ -278,12 +278,14 @@ def test_rollback_opcheck(device, with_flag):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_kvcache_decoding_steps_match_reference(device, dtype):
+@pytest.mark.parametrize("lengths_dtype", [torch.int64, torch.int32])
+def test_kvcache_decoding_steps_match_reference(device, dtype, lengths_dtype):
     """Prefill + speculative steps (append every layer, advance, roll back to the accepted
     prefix) against a per-row Python list of tokens; every step checks all layers."""
     L, B, H, D, M = 3, 4, 2, 8, 64
     gen = torch.Generator().manual_seed(7)
-    cache = KVCache(L, B, H, D, M, dtype, device)
+    cache = KVCache(L, B, H, D, M, dtype, device, lengths_dtype=lengths_dtype)
+    assert cache.lengths.dtype == lengths_dtype
     model = [[[] for _ in range(B)] for _ in range(L)]  # model[layer][b] = list of (k, v) [H, D]
     for step in range(12):
         S = 8 if step == 0 else int(torch.randint(1, K + 2, (), generator=gen))

@@ -375,6 +375,8 @@ def test_out_of_blocks_refused_tables_unchanged():
                 m.free_blocks(), [m.ref_count(b) for b in range(5)])
 
     before = state()
+    assert m.blocks_needed([("a", 1), ("c", 5), ("b", 1)]) == 3
+    assert m.blocks_needed([("a", 1), ("b", 1)]) == 1
     with pytest.raises(OutOfBlocksError, match="needs 3 blocks but only 2"):
         m.allocate_many([("a", 1), ("c", 5), ("b", 1)])  # CoW of a (1) + c (2); b is then private (0)
     assert state() == before

@@ -89,7 +89,8 @@ class KVCache:
 
         key_cache, value_cache  [num_layers, B, H, max_len, D] dtype, zero-initialised
                                 (unwritten slots stay finite, so masked attention never sees NaN)
-        lengths                 [B] int64: tokens committed per row (read by kernels)
+        lengths                 [B] lengths_dtype (int64 default, or int32 for attention
+                                kernels that take int32 sequence lengths): tokens per row
         errors                  [B] bool: sticky flags of the device kernels (CUDA only:
                                 an overflowing append or an invalid rollback of that row)
 
@@ -118,6 +119,7 @@ class KVCache:
         max_len: int,
         dtype: torch.dtype = torch.float16,
         device: Union[str, torch.device] = "cpu",
+        lengths_dtype: torch.dtype = torch.int64,
     ) -> None:
         for name, value, low in (("num_layers", num_layers, 1), ("batch_size", batch_size, 1),
                                  ("num_kv_heads", num_kv_heads, 1), ("head_dim", head_dim, 1),
@@ -126,6 +128,8 @@ class KVCache:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise ValueError(f"dtype must be torch.float32, float16 or bfloat16, got {dtype}")
+        if lengths_dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"lengths_dtype must be torch.int32 or torch.int64, got {lengths_dtype}")
         self.num_layers, self.batch_size = num_layers, batch_size
         self.num_kv_heads, self.head_dim, self.max_len = num_kv_heads, head_dim, max_len
         self.dtype, self.device = dtype, torch.device(device)
@@ -133,7 +137,7 @@ class KVCache:
         self.key_cache = torch.zeros(shape, dtype=dtype, device=self.device)
         self.value_cache = torch.zeros(shape, dtype=dtype, device=self.device)
         self.device = self.key_cache.device  # with its index ("cuda" -> "cuda:0")
-        self.lengths = torch.zeros(batch_size, dtype=torch.int64, device=self.device)
+        self.lengths = torch.zeros(batch_size, dtype=lengths_dtype, device=self.device)
         self.errors = torch.zeros(batch_size, dtype=torch.bool, device=self.device)
         self._host = torch.zeros(batch_size, dtype=torch.int64)  # exact, or an upper bound
         self._pending = None  # (pinned snapshot of lengths, event, host additions since)
@@ -233,7 +237,7 @@ class KVCache:
             raise ValueError(f"num_kept is on {num_kept.device} but the cache is on {self.device}")
         torch.ops.specdec.kv_rollback_(self.lengths, num_appended, num_kept, self.errors)
         # The host mirror stays an upper bound; fetch the exact lengths without blocking.
-        snapshot = torch.empty(self.batch_size, dtype=torch.int64, pin_memory=True)
+        snapshot = torch.empty(self.batch_size, dtype=self.lengths.dtype, pin_memory=True)
         snapshot.copy_(self.lengths, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
@@ -274,7 +278,7 @@ class KVCache:
         if not block and not event.query():
             return
         event.synchronize()
-        self._host.copy_(snapshot + added)
+        self._host.copy_(snapshot.to(torch.int64) + added)
         self._pending = None
 
     def _check_capacity(self, S: int, what: str) -> None:

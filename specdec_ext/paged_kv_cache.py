@@ -178,30 +178,7 @@ class BlockManager:
 
     def allocate_many(self, requests: Sequence[Tuple[Hashable, int]]) -> List[Allocation]:
         """:meth:`allocate` for several distinct sequences, all or nothing."""
-        seen = set()
-        for seq, n in requests:
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise ValueError(f"n_tokens must be an int >= 0, got {n!r} for sequence {seq!r}")
-            if seq in seen:
-                raise ValueError(f"sequence {seq!r} appears twice in one allocation")
-            seen.add(seq)
-        # Count exactly what is needed (a block shared by two requesters is copied only by the first).
-        needed = 0
-        ref_delta: Dict[int, int] = {}
-        for seq, n in requests:
-            table = self._tables.get(seq, [])
-            length = self._lengths.get(seq, 0)
-            want = _ceil_div(length + n, self.block_size)
-            if want > self.max_blocks_per_seq:
-                raise OutOfBlocksError(
-                    f"sequence {seq!r} would need {want} blocks ({length} + {n} tokens) but "
-                    f"max_blocks_per_seq={self.max_blocks_per_seq}; nothing changed")
-            needed += want - len(table)
-            if n > 0 and length % self.block_size:
-                last = table[-1]
-                if self._ref[last] + ref_delta.get(last, 0) > 1:
-                    needed += 1
-                    ref_delta[last] = ref_delta.get(last, 0) - 1
+        needed = self.blocks_needed(requests)
         if needed > len(self._free):
             raise OutOfBlocksError(f"out of KV-cache blocks: the request needs {needed} blocks but only "
                                    f"{len(self._free)} of {self.num_blocks} are free; nothing changed")
@@ -224,6 +201,36 @@ class BlockManager:
             self._lengths[seq] = length + n
             out.append(Allocation(slots, copies))
         return out
+
+    def blocks_needed(self, requests: Sequence[Tuple[Hashable, int]]) -> int:
+        """Free blocks :meth:`allocate_many` would take for ``requests`` (new blocks plus
+        copy-on-write copies; a block shared by two requesters is copied by the first only).
+        Raises ``ValueError`` for malformed requests and :class:`OutOfBlocksError` when a
+        sequence would exceed ``max_blocks_per_seq``. Changes nothing."""
+        seen = set()
+        for seq, n in requests:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"n_tokens must be an int >= 0, got {n!r} for sequence {seq!r}")
+            if seq in seen:
+                raise ValueError(f"sequence {seq!r} appears twice in one allocation")
+            seen.add(seq)
+        needed = 0
+        ref_delta: Dict[int, int] = {}
+        for seq, n in requests:
+            table = self._tables.get(seq, [])
+            length = self._lengths.get(seq, 0)
+            want = _ceil_div(length + n, self.block_size)
+            if want > self.max_blocks_per_seq:
+                raise OutOfBlocksError(
+                    f"sequence {seq!r} would need {want} blocks ({length} + {n} tokens) but "
+                    f"max_blocks_per_seq={self.max_blocks_per_seq}; nothing changed")
+            needed += want - len(table)
+            if n > 0 and length % self.block_size:
+                last = table[-1]
+                if self._ref[last] + ref_delta.get(last, 0) > 1:
+                    needed += 1
+                    ref_delta[last] = ref_delta.get(last, 0) - 1
+        return needed
 
     def rollback(self, seq: Hashable, new_len: int) -> None:
         """Shrink ``seq`` to new_len tokens, freeing (dereferencing) every block wholly beyond it."""
