@@ -26,6 +26,57 @@ TORCH_LIBRARY(specdec, m) {
   // returns tokens [B] int64 (-1 for a row with NaN / +inf / all -inf logits)
   m.def("sample(Tensor logits, Tensor temperature, Tensor seed, Tensor offset, "
         "Tensor(a!)? probs_out) -> Tensor");
+
+  // ---- KV cache (csrc/cpu/kv_cache_cpu.cpp, csrc/cuda/kv_cache_cuda.cu) ----
+  // Shapes: H kv heads, D head dim, M = max_len, S new tokens per row, T tokens,
+  // NB blocks of BS slots (slot = block * BS + offset). Cache dtypes: float32|float16|bfloat16;
+  // new keys/values must have the cache's dtype (never converted). Head dim stride 1.
+
+  // Write each row's S new tokens at positions lengths[b] .. lengths[b]+S-1 (lengths NOT advanced).
+  //   key_cache, value_cache [B, H, M, D] (mutated; any strides with stride(3) == 1)
+  //   new_k, new_v           [B, H, S, D] same dtype as the cache (any strides)
+  //   lengths                [B] int32|int64, cache's device
+  //   overflow               [B] bool or None: sticky flags, set (never cleared) by the CUDA kernel
+  //                          for a row with lengths[b] < 0 or lengths[b] + S > M; that row is
+  //                          skipped. CPU: such a batch raises before writing (flags untouched).
+  m.def("kv_append_(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor new_k, Tensor new_v, "
+        "Tensor lengths, Tensor(c!)? overflow=None) -> ()");
+
+  // lengths[b] -= num_appended - num_kept[b], in place, on the device (no host sync).
+  //   lengths   [B] int32|int64 (mutated)
+  //   num_kept  [B] int32|int64 on lengths' device, in [0, num_appended] (e.g. num_accepted + 1)
+  //   invalid   [B] bool or None: sticky flags, set by the CUDA kernel for a row whose num_kept is
+  //             outside [0, num_appended] or whose length would go negative; that row's length is
+  //             left unchanged. CPU: such a batch raises before writing (flags untouched).
+  m.def("kv_rollback_(Tensor(a!) lengths, int num_appended, Tensor num_kept, "
+        "Tensor(b!)? invalid=None) -> ()");
+
+  // Paged write: token t goes to slot slot_mapping[t] (-1 = padding, skipped).
+  //   key_cache, value_cache [NB, BS, H, D] (mutated; stride(3) == 1)
+  //   new_k, new_v           [T, H, D] same dtype as the cache (any strides)
+  //   slot_mapping           [T] int64|int32; valid slots distinct
+  //   invalid                [] bool (one element) or None: sticky flag, set by the CUDA kernel
+  //                          when a slot is outside [0, NB*BS) and not -1 (that token is skipped).
+  //                          CPU: raises before writing on such a slot or a repeated slot.
+  m.def("paged_kv_append_(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor new_k, Tensor new_v, "
+        "Tensor slot_mapping, Tensor(c!)? invalid=None) -> ()");
+
+  // Gather a paged cache into dense tensors for attention (e.g. SDPA).
+  //   key_cache, value_cache [NB, BS, H, D]
+  //   block_tables           [B, max_blocks_per_seq] int32 (int64 accepted)
+  //   lengths                [B] int32|int64
+  // returns keys, values [B, H, max_len, D] contiguous, cache dtype; zero at positions >= lengths[b].
+  // CPU raises on lengths[b] outside [0, min(max_len, max_blocks_per_seq * BS)] or a used table
+  // entry outside [0, NB); CUDA clamps the length into that range and zero-fills positions whose
+  // table entry is out of range.
+  m.def("paged_kv_gather(Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor lengths, "
+        "int max_len) -> (Tensor, Tensor)");
+
+  // paged_kv_gather into caller-owned buffers (reused across steps; CUDA-graph friendly).
+  //   keys_out, values_out [B, H, max_len, D] (mutated) cache dtype, stride(3) == 1, other strides free;
+  //   max_len = keys_out.size(2). Same rules as paged_kv_gather; CPU writes nothing on an error.
+  m.def("paged_kv_gather_into_(Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor lengths, "
+        "Tensor(a!) keys_out, Tensor(b!) values_out) -> ()");
 }
 
 #ifndef SPECDEC_WITH_CUDA

@@ -1,0 +1,299 @@
+// CUDA kernels of the KV-cache ops. One launch per op for the whole batch (key
+// and value together); each thread moves one vector of 16 bytes when every
+// base pointer, stride and the row size (D * element size) are 16-byte aligned,
+// else the widest of 8 / 4 / 2 / 1 bytes that is. No host sync: an invalid row
+// or slot is skipped and reported through the optional sticky flag tensors
+// (see the schemas in csrc/ops.cpp).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+
+#include "../kv_args.h"
+
+namespace specdec {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride beyond this
+
+int64_t num_blocks_for(int64_t total) {
+  return std::max<int64_t>(1, std::min<int64_t>((total + kThreads - 1) / kThreads, kMaxBlocks));
+}
+
+// Widest power of two <= 16 dividing every value (addresses and byte strides).
+int vector_bytes(std::initializer_list<int64_t> values) {
+  uint64_t acc = 16;
+  for (int64_t v : values) acc |= static_cast<uint64_t>(v);
+  return static_cast<int>(acc & (~acc + 1));
+}
+
+template <typename Fn>
+void with_vector_type(int bytes, Fn&& fn) {
+  switch (bytes) {
+    case 16: fn(uint4{}); break;
+    case 8: fn(uint2{}); break;
+    case 4: fn(uint32_t{}); break;
+    case 2: fn(uint16_t{}); break;
+    default: fn(uint8_t{}); break;
+  }
+}
+
+// Flat-index arithmetic (a few div/mod per vector) in 32 bits when the index space
+// allows it: 64-bit division costs several times more on the GPU. Byte offsets
+// are always 64-bit.
+template <typename Fn>
+void with_index_type(int64_t total, Fn&& fn) {
+  if (total < (int64_t{1} << 31)) fn(uint32_t{});
+  else fn(int64_t{});
+}
+
+template <typename I>
+__device__ __forceinline__ I grid_start() {
+  return static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
+}
+template <typename I>
+__device__ __forceinline__ I grid_step() {
+  return static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x);
+}
+
+// ---- kv_append_ --------------------------------------------------------------
+// Flat index i = (((kv * B + b) * H + h) * S + s) * nvec + v (consecutive threads
+// copy consecutive vectors of one row). Threads i < B also flag overflowing rows.
+template <typename V, typename I>
+__global__ void kv_append_kernel(const KVAppendParams P, I nvec, I copies, I total) {
+  const I S = static_cast<I>(P.S), H = static_cast<I>(P.H), B = static_cast<I>(P.B);
+  for (I i = grid_start<I>(); i < total; i += grid_step<I>()) {
+    if (P.overflow != nullptr && i < B && !kv_append_fits(P.lengths.get(i), P.S, P.max_len)) {
+      P.overflow[static_cast<int64_t>(i) * P.overflow_stride] = true;
+    }
+    if (i >= copies) continue;
+    const I v = i % nvec;
+    I r = i / nvec;
+    const I s = r % S;
+    r /= S;
+    const I h = r % H;
+    r /= H;
+    const I b = r % B;
+    const int kv = static_cast<int>(r / B);
+    const int64_t n = P.lengths.get(b);
+    if (!kv_append_fits(n, P.S, P.max_len)) continue;
+    const char* src = (kv ? P.src[1] : P.src[0]) + static_cast<int64_t>(b) * P.src_stride[kv][0] +
+                      static_cast<int64_t>(h) * P.src_stride[kv][1] + static_cast<int64_t>(s) * P.src_stride[kv][2];
+    char* dst = (kv ? P.cache[1] : P.cache[0]) + static_cast<int64_t>(b) * P.cache_stride[kv][0] +
+                static_cast<int64_t>(h) * P.cache_stride[kv][1] + (n + static_cast<int64_t>(s)) * P.cache_stride[kv][2];
+    reinterpret_cast<V*>(dst)[v] = reinterpret_cast<const V*>(src)[v];
+  }
+}
+
+void kv_append_cuda(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& new_k,
+                    const at::Tensor& new_v, const at::Tensor& lengths,
+                    const std::optional<at::Tensor>& overflow) {
+  kv::KVAppendLaunch L = kv::prepare_kv_append(key_cache, value_cache, new_k, new_v, lengths, overflow);
+  const KVAppendParams& P = L.p;
+  if (P.B == 0) return;
+  const int vb = vector_bytes({reinterpret_cast<int64_t>(P.cache[0]), reinterpret_cast<int64_t>(P.cache[1]),
+                               reinterpret_cast<int64_t>(P.src[0]), reinterpret_cast<int64_t>(P.src[1]),
+                               P.cache_stride[0][0], P.cache_stride[0][1], P.cache_stride[0][2],
+                               P.cache_stride[1][0], P.cache_stride[1][1], P.cache_stride[1][2],
+                               P.src_stride[0][0], P.src_stride[0][1], P.src_stride[0][2],
+                               P.src_stride[1][0], P.src_stride[1][1], P.src_stride[1][2], P.row_bytes});
+  const int64_t nvec = P.row_bytes / vb;
+  const int64_t copies = 2 * P.B * P.H * P.S * nvec;
+  const int64_t total = std::max<int64_t>(copies, P.overflow ? P.B : 0);
+  if (total == 0) return;
+  c10::cuda::CUDAGuard guard(key_cache.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  with_vector_type(vb, [&](auto vtag) {
+    with_index_type(total, [&](auto itag) {
+      using V = decltype(vtag);
+      using I = decltype(itag);
+      kv_append_kernel<V, I><<<num_blocks_for(total), kThreads, 0, stream>>>(
+          P, static_cast<I>(nvec), static_cast<I>(copies), static_cast<I>(total));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+}
+
+// ---- kv_rollback_ ------------------------------------------------------------
+__global__ void kv_rollback_kernel(const KVRollbackParams P) {
+  for (int64_t b = grid_start<int64_t>(); b < P.B; b += grid_step<int64_t>()) {
+    const int64_t out = kv_rollback_length(P.lengths.get(b), P.num_appended, P.num_kept.get(b));
+    if (out < 0) {
+      if (P.invalid != nullptr) P.invalid[b * P.invalid_stride] = true;
+    } else {
+      P.lengths.set(b, out);
+    }
+  }
+}
+
+void kv_rollback_cuda(at::Tensor& lengths, int64_t num_appended, const at::Tensor& num_kept,
+                      const std::optional<at::Tensor>& invalid) {
+  KVRollbackParams P = kv::prepare_kv_rollback(lengths, num_appended, num_kept, invalid);
+  if (P.B == 0) return;
+  c10::cuda::CUDAGuard guard(lengths.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  kv_rollback_kernel<<<num_blocks_for(P.B), kThreads, 0, stream>>>(P);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// ---- paged_kv_append_ ----------------------------------------------------------
+// Flat index i = ((kv * T + t) * H + h) * nvec + v. Threads i < T flag invalid slots.
+template <typename V, typename I>
+__global__ void paged_append_kernel(const PagedAppendParams P, I nvec, I copies, I total) {
+  const int64_t num_slots = P.num_blocks * P.block_size;
+  const bool small_slots = num_slots < (int64_t{1} << 32);
+  const I H = static_cast<I>(P.H), T = static_cast<I>(P.T);
+  for (I i = grid_start<I>(); i < total; i += grid_step<I>()) {
+    if (P.invalid != nullptr && i < T && classify_slot(P.slots.get(i), num_slots) == SlotKind::kInvalid) {
+      *P.invalid = true;
+    }
+    if (i >= copies) continue;
+    const I v = i % nvec;
+    I r = i / nvec;
+    const I h = r % H;
+    r /= H;
+    const I t = r % T;
+    const int kv = static_cast<int>(r / T);
+    const int64_t slot = P.slots.get(t);
+    if (classify_slot(slot, num_slots) != SlotKind::kWrite) continue;
+    int64_t blk, off;
+    if (small_slots) {  // 32-bit division (uniform branch)
+      const uint32_t s32 = static_cast<uint32_t>(slot), bs32 = static_cast<uint32_t>(P.block_size);
+      blk = s32 / bs32;
+      off = s32 - static_cast<uint32_t>(blk) * bs32;
+    } else {
+      blk = slot / P.block_size;
+      off = slot % P.block_size;
+    }
+    const char* src = (kv ? P.src[1] : P.src[0]) + static_cast<int64_t>(t) * P.src_stride[kv][0] +
+                      static_cast<int64_t>(h) * P.src_stride[kv][1];
+    char* dst = (kv ? P.cache[1] : P.cache[0]) + blk * P.cache_stride[kv][0] + off * P.cache_stride[kv][1] +
+                static_cast<int64_t>(h) * P.cache_stride[kv][2];
+    reinterpret_cast<V*>(dst)[v] = reinterpret_cast<const V*>(src)[v];
+  }
+}
+
+void paged_kv_append_cuda(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& new_k,
+                          const at::Tensor& new_v, const at::Tensor& slot_mapping,
+                          const std::optional<at::Tensor>& invalid) {
+  kv::PagedAppendLaunch L = kv::prepare_paged_append(key_cache, value_cache, new_k, new_v, slot_mapping, invalid);
+  const PagedAppendParams& P = L.p;
+  if (P.T == 0) return;
+  const int vb = vector_bytes({reinterpret_cast<int64_t>(P.cache[0]), reinterpret_cast<int64_t>(P.cache[1]),
+                               reinterpret_cast<int64_t>(P.src[0]), reinterpret_cast<int64_t>(P.src[1]),
+                               P.cache_stride[0][0], P.cache_stride[0][1], P.cache_stride[0][2],
+                               P.cache_stride[1][0], P.cache_stride[1][1], P.cache_stride[1][2],
+                               P.src_stride[0][0], P.src_stride[0][1], P.src_stride[1][0], P.src_stride[1][1],
+                               P.row_bytes});
+  const int64_t nvec = P.row_bytes / vb;
+  const int64_t copies = 2 * P.T * P.H * nvec;
+  const int64_t total = std::max<int64_t>(copies, P.invalid ? P.T : 0);
+  if (total == 0) return;
+  c10::cuda::CUDAGuard guard(key_cache.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  with_vector_type(vb, [&](auto vtag) {
+    with_index_type(total, [&](auto itag) {
+      using V = decltype(vtag);
+      using I = decltype(itag);
+      paged_append_kernel<V, I><<<num_blocks_for(total), kThreads, 0, stream>>>(
+          P, static_cast<I>(nvec), static_cast<I>(copies), static_cast<I>(total));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+}
+
+// ---- paged_kv_gather / paged_kv_gather_into_ ------------------------------------
+// Flat index i = (kv * rows + r) * nvec + v with r = (b * H + h) * max_len + p.
+template <typename V, typename I>
+__global__ void paged_gather_kernel(const PagedGatherParams P, I nvec, I total) {
+  const I H = static_cast<I>(P.H), L = static_cast<I>(P.max_len);
+  const I rows = static_cast<I>(P.B) * H * L;
+  // max_len < 2^31 here whenever I is 32-bit, and block_size <= max_len is all that matters for
+  // positions p < max_len: a bigger block_size gives bi = 0 either way.
+  const I BS = static_cast<I>(P.block_size < P.max_len ? P.block_size : (P.max_len > 0 ? P.max_len : 1));
+  for (I i = grid_start<I>(); i < total; i += grid_step<I>()) {
+    const I v = i % nvec;
+    const I q = i / nvec;
+    const I r = q % rows;
+    const int kv = static_cast<int>(q / rows);
+    const I p = r % L;
+    const I bh = r / L;
+    const I h = bh % H;
+    const I b = bh / H;
+    const I bi = p / BS, off = p - bi * BS;  // table entry, offset in the block
+    const int64_t blk = static_cast<int64_t>(p) < P.clamped_length(b) ? P.table_entry(b, bi) : -1;
+    V* dst = reinterpret_cast<V*>(P.out_row(kv, b, h, p)) + v;
+    if (blk < 0) {
+      *dst = V{};
+    } else {
+      const char* src = (kv ? P.cache[1] : P.cache[0]) + blk * P.cache_stride[kv][0] +
+                        static_cast<int64_t>(off) * P.cache_stride[kv][1] +
+                        static_cast<int64_t>(h) * P.cache_stride[kv][2];
+      *dst = reinterpret_cast<const V*>(src)[v];
+    }
+  }
+}
+
+void launch_gather(const PagedGatherParams& P) {
+  if (P.B * P.H * P.max_len == 0 || P.row_bytes == 0) return;
+  const int vb = vector_bytes({reinterpret_cast<int64_t>(P.cache[0]), reinterpret_cast<int64_t>(P.cache[1]),
+                               reinterpret_cast<int64_t>(P.out[0]), reinterpret_cast<int64_t>(P.out[1]),
+                               P.cache_stride[0][0], P.cache_stride[0][1], P.cache_stride[0][2],
+                               P.cache_stride[1][0], P.cache_stride[1][1], P.cache_stride[1][2],
+                               P.out_stride[0][0], P.out_stride[0][1], P.out_stride[0][2],
+                               P.out_stride[1][0], P.out_stride[1][1], P.out_stride[1][2], P.row_bytes});
+  const int64_t nvec = P.row_bytes / vb;
+  const int64_t total = 2 * P.B * P.H * P.max_len * nvec;
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  with_vector_type(vb, [&](auto vtag) {
+    with_index_type(total, [&](auto itag) {
+      using V = decltype(vtag);
+      using I = decltype(itag);
+      paged_gather_kernel<V, I><<<num_blocks_for(total), kThreads, 0, stream>>>(
+          P, static_cast<I>(nvec), static_cast<I>(total));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cuda(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                                        const at::Tensor& block_tables, const at::Tensor& lengths,
+                                                        int64_t max_len) {
+  PagedGatherParams P = kv::prepare_paged_gather(key_cache, value_cache, block_tables, lengths, max_len);
+  c10::cuda::CUDAGuard guard(key_cache.device());
+  const int64_t D = key_cache.size(3);
+  at::Tensor keys = at::empty({P.B, P.H, max_len, D}, key_cache.options());
+  at::Tensor values = at::empty({P.B, P.H, max_len, D}, value_cache.options());
+  kv::set_gather_outputs(P, key_cache, keys, values);
+  launch_gather(P);
+  return {keys, values};
+}
+
+void paged_kv_gather_into_cuda(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                               const at::Tensor& block_tables, const at::Tensor& lengths, at::Tensor& keys_out,
+                               at::Tensor& values_out) {
+  TORCH_CHECK(keys_out.dim() == 4, "keys_out must be [B, H, max_len, D], got shape ", keys_out.sizes());
+  PagedGatherParams P = kv::prepare_paged_gather(key_cache, value_cache, block_tables, lengths, keys_out.size(2));
+  kv::set_gather_outputs(P, key_cache, keys_out, values_out);
+  c10::cuda::CUDAGuard guard(key_cache.device());
+  launch_gather(P);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
+  m.impl("kv_append_", &kv_append_cuda);
+  m.impl("kv_rollback_", &kv_rollback_cuda);
+  m.impl("paged_kv_append_", &paged_kv_append_cuda);
+  m.impl("paged_kv_gather", &paged_kv_gather_cuda);
+  m.impl("paged_kv_gather_into_", &paged_kv_gather_into_cuda);
+}
+
+}  // namespace specdec
