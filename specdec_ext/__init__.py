@@ -9,6 +9,7 @@ with Python wrappers that document every shape:
 - :func:`paged_kv_append_`, :func:`paged_kv_gather`, :class:`BlockManager`,
   :class:`PagedKVCache`  paged KV cache
 - :func:`spec_attention_mask`, :func:`spec_attention_mask_bool`  masks for the new tokens
+- :class:`SpeculativeEngine`  draft -> verify -> rollback loop, adaptive K, :class:`SpecDecMetrics`
 """
 import torch  # noqa: F401  (must come first: _C links against libtorch)
 
@@ -17,6 +18,8 @@ from . import _fake  # noqa: F401  (fake kernels for torch.compile)
 from .sampling import VerifyResult, sample, verify
 from .attention_mask import spec_attention_mask, spec_attention_mask_bool
 from .kv_cache import KVCache, kv_append_, kv_rollback_
+from .metrics import SpecDecMetrics
+from .engine import GenerationOutput, RowStats, SpeculativeEngine
 from .paged_kv_cache import (Allocation, BlockManager, OutOfBlocksError, PagedKVCache, paged_kv_append_,
                              paged_kv_gather)
 
@@ -28,7 +31,7 @@ def has_cuda_kernels() -> bool:
     return bool(_C.CUDA_KERNELS)
 
 
-__all__ = ["VerifyResult", "has_cuda_kernels", "sample", "verify",
+__all__ = ["GenerationOutput", "RowStats", "SpecDecMetrics", "SpeculativeEngine", "VerifyResult", "has_cuda_kernels", "sample", "verify",
            "Allocation", "BlockManager", "KVCache", "OutOfBlocksError", "PagedKVCache", "kv_append_",
            "kv_rollback_", "paged_kv_append_", "paged_kv_gather", "spec_attention_mask",
            "spec_attention_mask_bool"]

@@ -230,7 +230,11 @@ class KVCache:
                 raise ValueError(f"rollback would make the length of rows {rows} negative "
                                  f"(lengths {self._host[new < 0].tolist()}, dropping "
                                  f"{(num_appended - kept)[new < 0].tolist()}); nothing changed")
-            torch.ops.specdec.kv_rollback_(self.lengths, num_appended, kept.to(self.device), self.errors)
+            if self.device.type == "cuda":  # pinned + non_blocking: no host sync
+                kept_dev = kept.pin_memory().to(self.device, non_blocking=True)
+            else:
+                kept_dev = kept.to(self.device)
+            torch.ops.specdec.kv_rollback_(self.lengths, num_appended, kept_dev, self.errors)
             self._host.copy_(new)
             return
         if num_kept.device != self.device:
@@ -240,7 +244,7 @@ class KVCache:
         snapshot = torch.empty(self.batch_size, dtype=self.lengths.dtype, pin_memory=True)
         snapshot.copy_(self.lengths, non_blocking=True)
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))  # the copy's stream, on the cache's device
         self._pending = [snapshot, event, 0]
 
     def reset(self, rows: Optional[Sequence[int]] = None) -> None:

@@ -1,0 +1,163 @@
+"""Choosing K, the number of drafted tokens per step.
+
+Leviathan et al.: with per-token acceptance rate alpha, K drafts give in expectation
+E[tokens] = (1 - alpha^(K+1)) / (1 - alpha) tokens per target step, for a step time of
+K * c_draft + c_target(K+1). :class:`CostModelPolicy` estimates alpha per request online
+and the two costs from measured step times, and picks the K in [0, k_max] that
+maximises expected tokens per second (K = 0: plain decoding, when drafting does not
+pay). :class:`ThresholdPolicy` is the simple rule (alpha below 40% -> K = 2, back up when
+it recovers); :class:`FixedK` never changes.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """E[tokens per target step] = (1 - alpha^(K+1)) / (1 - alpha) (K + 1 when alpha = 1)."""
+    if alpha >= 1.0 - 1e-12:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def predicted_speedup(alpha: float, k: int, cost_ratio: float) -> float:
+    """Leviathan's speedup over plain decoding, c = draft step / target step."""
+    return expected_tokens(alpha, k) / (k * cost_ratio + 1.0)
+
+
+class AcceptanceEstimator:
+    """Online per-request estimate of alpha from the outcomes of tested drafts.
+
+    A step with K drafts and n accepted tested n + 1 drafts (n acceptances, then one
+    rejection) or, if n = K, K drafts (all accepted); later drafts were never tested. Each
+    tested draft moves the estimate by ``rate`` towards its outcome (an exponential moving
+    average over the last ~1/rate tested drafts), so the estimate follows a changing
+    acceptance rate within a few steps.
+    """
+
+    def __init__(self, num_rows: int, rate: float = 0.15, prior: float = 0.5):
+        self.rate = rate
+        self._alpha = [prior] * num_rows
+
+    def update(self, row: int, k: int, accepted: int) -> None:
+        a = self._alpha[row]
+        for _ in range(accepted):
+            a += self.rate * (1.0 - a)
+        if accepted < k:
+            a -= self.rate * a
+        self._alpha[row] = a
+
+    def alpha(self, row: int) -> float:
+        return self._alpha[row]
+
+
+class StepCosts:
+    """Online step-time model: c_draft (seconds per draft step) and c_target(S) = a + b*S
+    (seconds for a target forward over S tokens per row), fitted by decayed least squares."""
+
+    def __init__(self, decay: float = 0.9, draft_guess: float = 0.1, target_guess: float = 1.0,
+                 frozen: bool = False):
+        """frozen=True: keep the guesses (a known cost ratio), ignore measurements."""
+        self.decay, self.frozen = decay, frozen
+        self.draft_t, self.draft_w = draft_guess, 0.0
+        # sums for the weighted linear fit t = a + b * S
+        self._w = self._s = self._t = self._ss = self._st = 0.0
+        self._guess = target_guess
+
+    def add_draft(self, seconds_per_step: float) -> None:
+        if self.frozen:
+            return
+        self.draft_w = self.decay * self.draft_w + 1.0
+        self.draft_t += (seconds_per_step - self.draft_t) / self.draft_w
+
+    def add_target(self, tokens: int, seconds: float) -> None:
+        if self.frozen:
+            return
+        d = self.decay
+        self._w = d * self._w + 1.0
+        self._s = d * self._s + tokens
+        self._t = d * self._t + seconds
+        self._ss = d * self._ss + tokens * tokens
+        self._st = d * self._st + tokens * seconds
+
+    def target(self, tokens: int) -> float:
+        if self._w == 0.0:
+            return self._guess
+        mean_s, mean_t = self._s / self._w, self._t / self._w
+        var = self._ss / self._w - mean_s * mean_s
+        slope = (self._st / self._w - mean_s * mean_t) / var if var > 1e-9 else 0.0
+        slope = max(slope, 0.0)  # a forward never gets cheaper with more tokens
+        return max(mean_t + slope * (tokens - mean_s), 1e-9)
+
+    def draft(self) -> float:
+        return self.draft_t
+
+
+class FixedK:
+    """Always the same K."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def choose(self, alphas: Sequence[float], costs: StepCosts) -> int:
+        return self.k
+
+
+class CostModelPolicy:
+    """K maximising sum over active requests of E[tokens](alpha_r, K) / (K c_d + c_t(K+1)).
+
+    While drafting does not pay (K = 0), a K = 1 probe runs every ``probe_every`` steps so
+    the acceptance estimates can recover.
+    """
+
+    def __init__(self, k_max: int, probe_every: int = 8):
+        self.k_max, self.probe_every = k_max, probe_every
+        self._zero_steps = 0
+
+    def choose(self, alphas: Sequence[float], costs: StepCosts) -> int:
+        best_k, best_rate = 0, -1.0
+        for k in range(self.k_max + 1):
+            rate = sum(expected_tokens(a, k) for a in alphas) / (k * costs.draft() + costs.target(k + 1))
+            if rate > best_rate * (1 + 1e-9):
+                best_k, best_rate = k, rate
+        if best_k == 0 and self.k_max > 0:
+            self._zero_steps += 1
+            if self._zero_steps % self.probe_every == 0:
+                return 1
+        else:
+            self._zero_steps = 0
+        return best_k
+
+
+class ThresholdPolicy:
+    """alpha (mean over active requests) below ``low`` -> K = k_low; back to k_high once it
+    reaches ``high`` (hysteresis)."""
+
+    def __init__(self, k_high: int, k_low: int = 2, low: float = 0.4, high: float = 0.5):
+        self.k_high, self.k_low, self.low, self.high = k_high, min(k_low, k_high), low, high
+        self.k = k_high
+
+    def choose(self, alphas: Sequence[float], costs: StepCosts) -> int:
+        if alphas:
+            a = sum(alphas) / len(alphas)
+            if a < self.low:
+                self.k = self.k_low
+            elif a >= self.high:
+                self.k = self.k_high
+        return self.k
+
+
+def make_policy(kind: str, k: int, k_max: Optional[int] = None):
+    """'fixed' | 'cost' | 'threshold' -> policy object."""
+    k_max = k if k_max is None else k_max
+    if kind == "fixed":
+        return FixedK(k)
+    if kind == "cost":
+        return CostModelPolicy(k_max)
+    if kind == "threshold":
+        return ThresholdPolicy(k_max)
+    raise ValueError(f"adaptive policy must be 'fixed', 'cost' or 'threshold', got {kind!r}")
+
+
+__all__: List[str] = ["AcceptanceEstimator", "CostModelPolicy", "FixedK", "StepCosts", "ThresholdPolicy",
+                      "expected_tokens", "make_policy", "predicted_speedup"]
