@@ -12,7 +12,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q "$TORCH_SPEC" numpy scipy pytest ninja setuptools wheel
+.venv/bin/python -m pip install -q "$TORCH_SPEC" numpy scipy pytest ninja setuptools wheel \
+  prometheus_client safetensors tqdm transformers
 
 export MAX_JOBS=${MAX_JOBS:-2}
 echo "[setup] building specdec_ext (MAX_JOBS=$MAX_JOBS)"

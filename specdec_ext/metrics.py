@@ -25,17 +25,16 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Optional
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 _LATENCY_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
-_shared: "weakref.WeakKeyDictionary[CollectorRegistry, dict]" = weakref.WeakKeyDictionary()
+_shared: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # registry -> collectors
 _lock = threading.Lock()
 
 
-def _collectors(registry: CollectorRegistry) -> dict:
+def _collectors(registry) -> dict:
     """One set of collectors per registry (labelled by engine), created on first use."""
+    from prometheus_client import Counter, Gauge, Histogram
+
     with _lock:
         if registry not in _shared:
             lab = ["engine"]
@@ -63,7 +62,10 @@ def _collectors(registry: CollectorRegistry) -> dict:
 class SpecDecMetrics:
     """The engine's metrics in a Prometheus registry (see the module docstring)."""
 
-    def __init__(self, registry: Optional[CollectorRegistry] = None, engine: str = "default"):
+    def __init__(self, registry=None, engine: str = "default"):
+        """registry: a prometheus_client CollectorRegistry (default: a new one of its own)."""
+        from prometheus_client import CollectorRegistry  # imported here: only metrics users need it
+
         self.registry = registry if registry is not None else CollectorRegistry()
         self.engine = engine
         c = _collectors(self.registry)
@@ -102,5 +104,7 @@ class SpecDecMetrics:
     def serve(self, port: int, addr: str = "127.0.0.1"):
         """Serve ``/metrics`` over HTTP in a background thread: ``metrics.serve(9400)``.
         Returns the server (call ``.shutdown()`` to stop it)."""
+        from prometheus_client import start_http_server
+
         started = start_http_server(port, addr=addr, registry=self.registry)
         return started[0] if isinstance(started, tuple) else started  # older clients return None
