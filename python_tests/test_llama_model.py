@@ -339,3 +339,44 @@ def test_cuda_matches_cpu_float32():
     cuda = LlamaModel.from_state_dict(cfg, cpu.state_dict(), torch.float32, "cuda")
     ids = torch.randint(0, V, (3, 10))
     assert rel_err(cuda(ids.cuda()).cpu(), cpu(ids)) < 1e-4
+
+
+def test_config_spellings_agree():
+    # Older config.json files: top-level rope_theta + rope_scaling (with "type" or "rope_type");
+    # newer ones: one rope_parameters dict. Both give the same frequencies.
+    base = dict(small_config().__dict__)
+    base.pop("rope_scaling"), base.pop("rope_theta")
+    llama3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    legacy = LlamaConfig.from_dict(dict(base, rope_theta=5e5, rope_scaling=dict(llama3, rope_type="llama3")))
+    older = LlamaConfig.from_dict(dict(base, rope_theta=5e5, rope_scaling=dict(llama3, type="llama3")))
+    newer = LlamaConfig.from_dict(dict(base, rope_parameters=dict(llama3, rope_type="llama3", rope_theta=5e5)))
+    plain = LlamaConfig.from_dict(dict(base, rope_parameters={"rope_type": "default", "rope_theta": 5e5}))
+    assert legacy.rope_theta == newer.rope_theta == plain.rope_theta == 5e5
+    assert torch.equal(legacy.inv_freq(), newer.inv_freq()) and torch.equal(older.inv_freq(), newer.inv_freq())
+    assert plain.rope_scaling is None
+    assert not torch.equal(plain.inv_freq(), newer.inv_freq())
+
+
+def test_empty_step_is_refused():
+    model = LlamaModel(small_config())
+    with pytest.raises(ValueError, match="at least one token"):
+        model(torch.zeros(2, 0, dtype=torch.int64), model.new_cache(2, 4))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU and CUDA kernels")
+def test_cuda_contiguous_step_and_rollback_do_not_sync():
+    torch.manual_seed(4)
+    spec = LlamaSpecModel(LlamaModel(small_config(), dtype=torch.bfloat16, device="cuda"))
+    spec.reset(2, 32)
+    spec.forward(torch.randint(0, V, (2, 6), device="cuda"))
+    ids = torch.randint(0, V, (2, 4), device="cuda")
+    kept = torch.tensor([1, 3], device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        spec.rollback(6, torch.tensor([6, 4], device="cuda"))
+        spec.forward(ids)
+        spec.rollback(4, kept)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert spec.lengths.tolist() == [7, 7]

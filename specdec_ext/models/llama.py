@@ -157,7 +157,7 @@ class LlamaModel(nn.Module):
                  device: Union[str, torch.device] = "cpu") -> None:
         super().__init__()
         self.config = cfg = LlamaConfig.coerce(config)
-        self.dtype = _check_dtype(dtype)
+        _check_dtype(dtype)
         self.model = _Backbone(cfg, dtype, device)
         if cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device="meta")
@@ -174,9 +174,14 @@ class LlamaModel(nn.Module):
                     p.normal_(0.0, 0.02)
         self._rope: Dict[Any, Any] = {}
 
+    # Read from the weights, so that they stay right after ``model.to(...)``.
     @property
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return _check_dtype(self.model.embed_tokens.weight.dtype)
 
     @property
     def vocab_size(self) -> int:
@@ -229,6 +234,8 @@ class LlamaModel(nn.Module):
         if input_ids.device != self.device:
             raise ValueError(f"input_ids is on {input_ids.device} but the model is on {self.device}")
         B, S = input_ids.shape
+        if S < 1:
+            raise ValueError(f"input_ids must hold at least one token per row, got shape {tuple(input_ids.shape)}")
         if cache is None:
             positions = torch.arange(S, device=self.device).expand(B, S)
             table_len, step = S, None
@@ -392,8 +399,12 @@ class LlamaSpecModel(SpecModel):
         self.model, self.cache_kind = model, cache
         self.block_size, self.num_blocks = block_size, num_blocks
         self.vocab_size = model.vocab_size
-        self.device = model.device
         self.cache: Optional[LlamaCache] = None
+
+    @property
+    def device(self) -> torch.device:
+        """Device of inputs, logits and lengths (the model's)."""
+        return self.model.device
 
     def reset(self, batch_size: int, max_len: int) -> None:
         """B empty rows of up to ``max_len`` tokens (reuses the cache when B and max_len repeat)."""
