@@ -31,6 +31,15 @@ def hf_config(**overrides):
     return transformers.LlamaConfig(**kw)
 
 
+def hf_rope(rope_type, theta, **params):
+    """LlamaConfig kwargs for a RoPE variant in the spelling of the installed transformers
+    (>= 5: one rope_parameters dict; before: rope_theta + rope_scaling)."""
+    transformers = pytest.importorskip("transformers")
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        return {"rope_parameters": dict(params, rope_type=rope_type, rope_theta=theta)}
+    return {"rope_theta": theta, "rope_scaling": dict(params, rope_type=rope_type)}
+
+
 def hf_model(cfg, seed=0, dtype=torch.float64):
     """A seeded LlamaForCausalLM with every weight random (norm weights around 1, biases too)."""
     transformers = pytest.importorskip("transformers")
@@ -56,10 +65,9 @@ def test_full_prompt_matches_hf_float64(variant):
     overrides = {"gqa": {}, "mha": {"num_key_value_heads": 4}, "mqa": {"num_key_value_heads": 1},
                  "tied": {"tie_word_embeddings": True, "num_hidden_layers": 3},
                  "bias": {"attention_bias": True, "mlp_bias": True},
-                 "llama3": {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                "original_max_position_embeddings": 16}},
-                 "linear": {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
+                 "llama3": hf_rope("llama3", 500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                   original_max_position_embeddings=16),
+                 "linear": hf_rope("linear", 10000.0, factor=2.0),
                  "head_dim": {"head_dim": 32}}[variant]
     cfg = hf_config(**overrides)
     hf = hf_model(cfg)
@@ -162,8 +170,7 @@ def test_bad_configs():
 
 
 def test_unsupported_rope_in_hf_config_dict():
-    cfg = hf_config(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                     "original_max_position_embeddings": 64})
+    cfg = hf_config(**hf_rope("yarn", 10000.0, factor=4.0, original_max_position_embeddings=64))
     with pytest.raises(ValueError, match="rope_scaling type 'yarn' is not supported"):
         LlamaModel.from_state_dict(cfg, {})
 

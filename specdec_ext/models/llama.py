@@ -290,7 +290,12 @@ class LlamaModel(nn.Module):
         state_dict : name -> Tensor; cast to ``dtype`` and moved to ``device``.
         Raises ``ValueError`` naming the missing / unexpected keys or a mismatched shape.
         """
-        model = cls(config, dtype=dtype, device=device)
+        # Build on the meta device and allocate uninitialised storage: every parameter is
+        # overwritten by the (all-or-nothing) load, so a random init would only cost time.
+        model = cls(config, dtype=dtype, device="meta")
+        model.to_empty(device=device)
+        if model.config.tie_word_embeddings:  # to_empty makes new Parameters: tie them again
+            model.lm_head.weight = model.model.embed_tokens.weight
         model.load_hf_state_dict(state_dict)
         return model
 
