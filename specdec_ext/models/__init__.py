@@ -1,0 +1,9 @@
+"""Models the speculative engine can drive (see :class:`specdec_ext.models.base.SpecModel`).
+
+Importing this package needs neither ``transformers`` nor ``safetensors``: loading a
+safetensors checkpoint imports ``safetensors`` lazily.
+"""
+from .base import SpecModel
+from .llama import LlamaConfig, LlamaModel, LlamaSpecModel
+
+__all__ = ["LlamaConfig", "LlamaModel", "LlamaSpecModel", "SpecModel"]

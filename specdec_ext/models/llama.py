@@ -1,0 +1,443 @@
+"""The package's reference Llama decoder and its :class:`SpecModel` wrapper.
+
+:class:`LlamaModel` is a plain Llama-architecture causal LM (token embedding, decoder layers
+of RMSNorm -> grouped-query attention with RoPE -> RMSNorm -> SwiGLU MLP, final RMSNorm,
+lm_head) whose attention runs on the package's KV caches (``kv_append_`` or
+``paged_kv_append_`` + ``paged_kv_gather``), the speculative mask of
+:func:`~specdec_ext.spec_attention_mask` and ``torch.nn.functional.scaled_dot_product_attention``.
+Its parameter names are those of ``transformers.LlamaForCausalLM``, so a Hugging Face
+checkpoint loads without renaming.
+
+Numerics follow ``LlamaForCausalLM``: RMSNorm statistics and the RoPE cos / sin tables are
+computed in float32 and cast to the model dtype. A float64 model therefore reproduces the
+Hugging Face float64 logits to float64 rounding (it is not more accurate than that).
+
+:class:`LlamaSpecModel` wraps a model and one cache for the speculative engine.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Mapping, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import SpecModel
+from .llama_cache import ContiguousLlamaCache, LlamaCacheStep, PagedLlamaCache
+from .llama_config import LlamaConfig
+
+__all__ = ["LlamaConfig", "LlamaModel", "LlamaSpecModel"]
+
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+LlamaCache = Union[ContiguousLlamaCache, PagedLlamaCache]
+
+
+def _check_dtype(dtype: torch.dtype) -> torch.dtype:
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be torch.float32, float64, float16 or bfloat16, got {dtype}")
+    return dtype
+
+
+class RMSNorm(nn.Module):
+    """``weight * x / sqrt(mean(x^2) + eps)`` over the last dim; statistics in float32 (as HF).
+
+    x : Tensor [..., hidden] model dtype -> same shape and dtype.
+    """
+
+    def __init__(self, hidden: int, eps: float, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden, dtype=dtype, device=device), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def _linear(n_in: int, n_out: int, bias: bool, dtype, device) -> nn.Linear:
+    layer = nn.Linear(n_in, n_out, bias=bias, dtype=dtype, device=device)
+    layer.requires_grad_(False)
+    return layer
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    # RoPE pairs dimension i with i + D/2 (the HF "rotate half" layout, not interleaved).
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    """Grouped-query self-attention with RoPE over a KV cache."""
+
+    def __init__(self, cfg: LlamaConfig, dtype, device) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = _linear(cfg.hidden_size, q_out, cfg.attention_bias, dtype, device)
+        self.k_proj = _linear(cfg.hidden_size, kv_out, cfg.attention_bias, dtype, device)
+        self.v_proj = _linear(cfg.hidden_size, kv_out, cfg.attention_bias, dtype, device)
+        self.o_proj = _linear(q_out, cfg.hidden_size, cfg.attention_bias, dtype, device)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
+                cache: Optional[LlamaCache], step: Optional[LlamaCacheStep]) -> torch.Tensor:
+        """x [B, S, hidden]; cos, sin [B, 1, S, D] model dtype -> [B, S, hidden]."""
+        B, S, _ = x.shape
+        q = self.q_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        if cache is None:  # whole sequences, no cache: plain causal attention
+            keys, values, mask, causal = k, v, None, True
+        else:
+            keys, values = cache.append(layer, k, v, step)
+            mask, causal = step.mask, False
+        gqa = self.num_heads != self.num_kv_heads
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
+                                             scale=self.head_dim ** -0.5, enable_gqa=gqa)
+        return self.o_proj(out.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, cfg: LlamaConfig, dtype, device) -> None:
+        super().__init__()
+        self.gate_proj = _linear(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, device)
+        self.up_proj = _linear(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, device)
+        self.down_proj = _linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm residual block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``."""
+
+    def __init__(self, cfg: LlamaConfig, dtype, device) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.self_attn = LlamaAttention(cfg, dtype, device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.mlp = LlamaMLP(cfg, dtype, device)
+
+    def forward(self, x, cos, sin, layer, cache, step):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache, step)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class _Backbone(nn.Module):
+    # Named like transformers' LlamaModel so that state-dict keys match ("model.layers.0...").
+    def __init__(self, cfg: LlamaConfig, dtype, device) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens.requires_grad_(False)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, dtype, device) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+
+
+class LlamaModel(nn.Module):
+    """Llama causal LM on the package's KV caches.
+
+    Parameters
+    ----------
+    config : LlamaConfig, a ``config.json`` dict, or a ``transformers.LlamaConfig``
+    dtype : torch.float32 | float64 | float16 | bfloat16, of weights, activations and logits
+    device : where the weights live
+
+    Weights are initialised N(0, 0.02) (norms to one) from the current torch RNG; load real
+    ones with :meth:`from_pretrained` / :meth:`from_state_dict` / :meth:`load_hf_state_dict`.
+    Every parameter has ``requires_grad=False`` (inference only).
+    """
+
+    def __init__(self, config: Any, dtype: torch.dtype = torch.float32,
+                 device: Union[str, torch.device] = "cpu") -> None:
+        super().__init__()
+        self.config = cfg = LlamaConfig.coerce(config)
+        _check_dtype(dtype)
+        self.model = _Backbone(cfg, dtype, device)
+        if cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device="meta")
+            self.lm_head.weight = self.model.embed_tokens.weight
+        else:
+            self.lm_head = _linear(cfg.hidden_size, cfg.vocab_size, False, dtype, device)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                    continue
+                if name.endswith(".bias"):
+                    p.zero_()
+                else:
+                    p.normal_(0.0, 0.02)
+        self._rope: Dict[Any, Any] = {}
+
+    # Read from the weights, so that they stay right after ``model.to(...)``.
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return _check_dtype(self.model.embed_tokens.weight.dtype)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    # ---- caches ------------------------------------------------------------------
+    def new_cache(self, batch_size: int, max_len: int, kind: str = "contiguous", *, block_size: int = 16,
+                  num_blocks: Optional[int] = None) -> LlamaCache:
+        """An empty cache for ``batch_size`` rows of up to ``max_len`` tokens.
+
+        kind : "contiguous" (:class:`ContiguousLlamaCache`: ``KVCache``, sync-free rollback) or
+            "paged" (:class:`PagedLlamaCache`: ``PagedKVCache`` with ``block_size``-token blocks,
+            ``num_blocks`` defaulting to enough for every row to reach max_len).
+        """
+        cfg = self.config
+        args = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, batch_size, max_len,
+                self.dtype, self.device)
+        if kind == "contiguous":
+            if block_size != 16 or num_blocks is not None:
+                raise ValueError("block_size / num_blocks apply to the paged cache only")
+            return ContiguousLlamaCache(*args)
+        if kind == "paged":
+            return PagedLlamaCache(*args, block_size=block_size, num_blocks=num_blocks)
+        raise ValueError(f"cache must be 'contiguous' or 'paged', got {kind!r}")
+
+    # ---- forward -----------------------------------------------------------------
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, cache: Optional[LlamaCache] = None) -> torch.Tensor:
+        """Logits of S new tokens per row.
+
+        Parameters
+        ----------
+        input_ids : Tensor [B, S] int64 on the model's device (ids in [0, vocab_size); not
+            checked on the device)
+        cache : from :meth:`new_cache`, or None
+            With a cache, row b's tokens take positions ``cache.lengths[b] + arange(S)``
+            (ragged rows), attend to the row's cached tokens and causally to each other,
+            are appended, and the lengths advance by S. Without one, each row is a whole
+            sequence starting at position 0.
+
+        Returns
+        -------
+        Tensor [B, S, vocab_size] of the model dtype.
+        """
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be a [B, S] tensor, got "
+                             f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids)}")
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"input_ids must be int64 (or int32), got {input_ids.dtype}")
+        if input_ids.device != self.device:
+            raise ValueError(f"input_ids is on {input_ids.device} but the model is on {self.device}")
+        B, S = input_ids.shape
+        if S < 1:
+            raise ValueError(f"input_ids must hold at least one token per row, got shape {tuple(input_ids.shape)}")
+        if cache is None:
+            positions = torch.arange(S, device=self.device).expand(B, S)
+            table_len, step = S, None
+        else:
+            if cache.batch_size != B:
+                raise ValueError(f"input_ids has {B} rows but the cache has batch_size={cache.batch_size}")
+            if cache.dtype != self.dtype or cache.device != self.device:
+                raise ValueError(f"cache ({cache.dtype}, {cache.device}) does not match the model "
+                                 f"({self.dtype}, {self.device})")
+            step = cache.begin(S)
+            # Positions past max_len only occur in a step the cache will refuse; clamp so that
+            # the table lookup cannot fault on the device before the refusal.
+            positions = step.positions.clamp(max=cache.max_len - 1)
+            table_len = cache.max_len
+        cos_t, sin_t = self._rope_tables(table_len)
+        cos = cos_t[positions].to(self.dtype).unsqueeze(1)  # [B, 1, S, D]
+        sin = sin_t[positions].to(self.dtype).unsqueeze(1)
+        x = self.model.embed_tokens(input_ids)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, i, cache, step)
+        if cache is not None:
+            cache.finish(step)
+        return self.lm_head(self.model.norm(x))
+
+    def _rope_tables(self, length: int):
+        """cos, sin Tensor [length', head_dim] float32 on the model device (length' >= length).
+
+        Built as HF does (float32 ``position * inv_freq``, duplicated halves, then cos / sin),
+        rows in position order from 0 so that every entry is computed exactly as in the HF
+        table of a prompt starting at 0.
+        """
+        key = (self.device, self.config.head_dim)
+        cached = self._rope.get(key)
+        if cached is not None and cached[0].shape[0] >= length:
+            return cached
+        inv = self.config.inv_freq().to(self.device)
+        pos = torch.arange(max(length, 1), device=self.device, dtype=torch.int64).to(torch.float32)
+        freqs = pos[:, None] * inv[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        tables = (emb.cos(), emb.sin())
+        self._rope[key] = tables
+        return tables
+
+    # ---- loading -----------------------------------------------------------------
+    @classmethod
+    def from_state_dict(cls, config: Any, state_dict: Mapping[str, torch.Tensor],
+                        dtype: torch.dtype = torch.float32,
+                        device: Union[str, torch.device] = "cpu") -> "LlamaModel":
+        """A model from a ``transformers.LlamaForCausalLM`` state dict (HF key names).
+
+        config : LlamaConfig, ``config.json`` dict, or ``transformers.LlamaConfig``
+        state_dict : name -> Tensor; cast to ``dtype`` and moved to ``device``.
+        Raises ``ValueError`` naming the missing / unexpected keys or a mismatched shape.
+        """
+        # Build on the meta device and allocate uninitialised storage: every parameter is
+        # overwritten by the (all-or-nothing) load, so a random init would only cost time.
+        model = cls(config, dtype=dtype, device="meta")
+        model.to_empty(device=device)
+        if model.config.tie_word_embeddings:  # to_empty makes new Parameters: tie them again
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model.load_hf_state_dict(state_dict)
+        return model
+
+    @classmethod
+    def from_pretrained(cls, path: Union[str, os.PathLike], dtype: torch.dtype = torch.float32,
+                        device: Union[str, torch.device] = "cpu") -> "LlamaModel":
+        """Load a Hugging Face Llama checkpoint directory, offline.
+
+        Reads ``config.json`` and the weights of the first of: ``model.safetensors``,
+        ``model.safetensors.index.json`` (shards), ``pytorch_model.bin``,
+        ``pytorch_model.bin.index.json`` (``.bin`` files through ``torch.load(weights_only=True)``).
+        safetensors files need the ``safetensors`` package.
+        """
+        path = os.fspath(path)
+        config_file = os.path.join(path, "config.json")
+        if not os.path.isfile(config_file):
+            raise FileNotFoundError(f"{path!r} has no config.json (not a Hugging Face checkpoint directory)")
+        with open(config_file, "r", encoding="utf-8") as f:
+            config = json.load(f)
+        return cls.from_state_dict(config, _read_weights(path), dtype=dtype, device=device)
+
+    def load_hf_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copy HF-named weights in (cast to the model dtype); all or nothing.
+
+        Ignored keys: RoPE buffers (``*rotary_emb.inv_freq``) and, with tied embeddings,
+        ``lm_head.weight``. Raises ``ValueError`` listing missing / unexpected keys, or
+        naming the first key whose shape differs.
+        """
+        params = dict(self.named_parameters())  # deduplicated: no lm_head.weight when tied
+        given = {k: v for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq")}
+        if self.config.tie_word_embeddings:
+            given.pop("lm_head.weight", None)
+        missing = sorted(set(params) - set(given))
+        unexpected = sorted(set(given) - set(params))
+        if missing or unexpected:
+            parts = []
+            if missing:
+                parts.append(f"missing keys {missing}")
+            if unexpected:
+                parts.append(f"unexpected keys {unexpected}")
+            raise ValueError("state dict does not match the Llama config: " + "; ".join(parts))
+        for name, p in params.items():
+            t = given[name]
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"state dict entry {name!r} is a {type(t).__name__}, not a tensor")
+            if tuple(t.shape) != tuple(p.shape):
+                raise ValueError(f"state dict entry {name!r} has shape {tuple(t.shape)}, expected {tuple(p.shape)}")
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(given[name].to(dtype=self.dtype))
+
+
+def _read_weights(path: str) -> Dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory, on the CPU (see :meth:`LlamaModel.from_pretrained`)."""
+    def load_safetensors(file):
+        from safetensors.torch import load_file  # lazily: only safetensors checkpoints need it
+        return load_file(file, device="cpu")
+
+    def load_bin(file):
+        return torch.load(file, map_location="cpu", weights_only=True)
+
+    for single, index, loader in (("model.safetensors", "model.safetensors.index.json", load_safetensors),
+                                  ("pytorch_model.bin", "pytorch_model.bin.index.json", load_bin)):
+        if os.path.isfile(os.path.join(path, single)):
+            return dict(loader(os.path.join(path, single)))
+        if os.path.isfile(os.path.join(path, index)):
+            with open(os.path.join(path, index), "r", encoding="utf-8") as f:
+                weight_map = json.load(f).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ValueError(f"{index} in {path!r} has no 'weight_map' dict")
+            out: Dict[str, torch.Tensor] = {}
+            for shard in sorted(set(weight_map.values())):
+                shard_file = os.path.join(path, shard)
+                if not os.path.isfile(shard_file):
+                    raise FileNotFoundError(f"shard {shard!r} listed in {index} is missing from {path!r}")
+                out.update(loader(shard_file))
+            return out
+    raise FileNotFoundError(f"{path!r} has no model.safetensors, model.safetensors.index.json, "
+                            "pytorch_model.bin or pytorch_model.bin.index.json")
+
+
+class LlamaSpecModel(SpecModel):
+    """:class:`SpecModel` over a :class:`LlamaModel` and one of its caches.
+
+    Parameters
+    ----------
+    model : LlamaModel
+    cache : "contiguous" | "paged"
+        contiguous: ``rollback`` with a device ``num_kept`` never syncs with the host.
+        paged: ``rollback`` with a device ``num_kept`` reads it once (one sync), because
+        the block tables live on the host.
+    block_size, num_blocks : paged cache only (num_blocks default: enough for every row to
+        reach max_len)
+
+    Call :meth:`reset` before the first :meth:`forward`.
+    """
+
+    def __init__(self, model: LlamaModel, cache: str = "contiguous", *, block_size: int = 16,
+                 num_blocks: Optional[int] = None) -> None:
+        if not isinstance(model, LlamaModel):
+            raise TypeError(f"model must be a LlamaModel, got {type(model).__name__}")
+        if cache not in ("contiguous", "paged"):
+            raise ValueError(f"cache must be 'contiguous' or 'paged', got {cache!r}")
+        if cache == "contiguous" and (block_size != 16 or num_blocks is not None):
+            raise ValueError("block_size / num_blocks apply to the paged cache only")
+        self.model, self.cache_kind = model, cache
+        self.block_size, self.num_blocks = block_size, num_blocks
+        self.vocab_size = model.vocab_size
+        self.cache: Optional[LlamaCache] = None
+
+    @property
+    def device(self) -> torch.device:
+        """Device of inputs, logits and lengths (the model's)."""
+        return self.model.device
+
+    def reset(self, batch_size: int, max_len: int) -> None:
+        """B empty rows of up to ``max_len`` tokens (reuses the cache when B and max_len repeat)."""
+        c = self.cache
+        if c is not None and c.batch_size == batch_size and c.max_len == max_len:
+            c.reset()
+            return
+        self.cache = None  # free the old cache before allocating the new one
+        if self.cache_kind == "paged":
+            self.cache = self.model.new_cache(batch_size, max_len, "paged", block_size=self.block_size,
+                                              num_blocks=self.num_blocks)
+        else:
+            self.cache = self.model.new_cache(batch_size, max_len)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [B, S] int64 -> logits [B, S, V] of the model dtype; appends and advances."""
+        return self.model(input_ids, self._cache())
+
+    def rollback(self, num_appended: int, num_kept: torch.Tensor) -> None:
+        """lengths[b] -= num_appended - num_kept[b]; num_kept [B] int64, device or CPU."""
+        self._cache().rollback(num_appended, num_kept)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """Tensor [B] int64 on ``device``."""
+        return self._cache().lengths
+
+    def _cache(self) -> LlamaCache:
+        if self.cache is None:
+            raise RuntimeError("LlamaSpecModel: call reset(batch_size, max_len) first")
+        return self.cache

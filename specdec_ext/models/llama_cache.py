@@ -1,0 +1,209 @@
+"""The two KV caches the reference Llama decoder runs on, behind one small interface.
+
+- :class:`ContiguousLlamaCache` wraps :class:`specdec_ext.KVCache` (``kv_append_`` /
+  ``kv_rollback_``): a step never syncs with the host, a rollback with a device
+  ``num_kept`` neither.
+- :class:`PagedLlamaCache` wraps :class:`specdec_ext.PagedKVCache` (``paged_kv_append_`` /
+  ``paged_kv_gather``); its block tables live on the host, so a rollback with a device
+  ``num_kept`` reads it once (one sync).
+
+Both store float64 models bit-exactly in a float32 cache of twice the head dim: the cache
+ops only move bytes, so viewing each float64 as two float32 words loses nothing.
+
+The model drives a cache like this for S new tokens per row::
+
+    step = cache.begin(S)                         # positions, capacity checks
+    for layer ...:
+        keys, values = cache.append(layer, k, v, step)   # k, v [B, Hkv, S, D]
+        ... SDPA(q, keys, values, attn_mask=step.mask)
+    cache.finish(step)                            # lengths += S
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from ..attention_mask import spec_attention_mask
+from ..kv_cache import KVCache
+from ..paged_kv_cache import PagedKVCache
+
+__all__ = ["ContiguousLlamaCache", "PagedLlamaCache", "LlamaCacheStep"]
+
+
+def _storage(dtype: torch.dtype, head_dim: int) -> Tuple[torch.dtype, int]:
+    """(cache dtype, cache head dim) holding values of ``dtype``: float64 rides as 2 x float32."""
+    if dtype == torch.float64:
+        return torch.float32, 2 * head_dim
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"dtype must be float32, float64, float16 or bfloat16, got {dtype}")
+    return dtype, head_dim
+
+
+def _to_storage(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # [..., D] float64 -> [..., 2D] float32 (a view: same bytes); other dtypes unchanged.
+    return t.view(torch.float32) if dtype == torch.float64 else t
+
+
+def _from_storage(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.view(torch.float64) if dtype == torch.float64 else t
+
+
+@dataclasses.dataclass
+class LlamaCacheStep:
+    """One forward step of S tokens per row.
+
+    positions : Tensor [B, S] int64 on the cache device, ``lengths[b] + arange(S)``
+    num_tokens: S
+    kv_len    : keys attention reads this step (set by the first append)
+    mask      : Tensor [B, 1, S, kv_len] additive mask of the model dtype (set with kv_len)
+    """
+
+    positions: torch.Tensor
+    num_tokens: int
+    kv_len: Optional[int] = None
+    mask: Optional[torch.Tensor] = None
+    slots: Optional[torch.Tensor] = None  # paged cache only: [B * S] int64 slot mapping
+    past: Optional[Sequence[int]] = None  # paged cache only: host lengths before the step
+
+
+class ContiguousLlamaCache:
+    """A :class:`~specdec_ext.KVCache` for B rows of up to ``max_len`` tokens of one model.
+
+    Tensors: ``lengths`` [B] int64 on ``device``; per layer ``[B, Hkv, max_len, D]`` keys /
+    values (float64 models: float32 ``[..., 2D]``, see the module docstring).
+    """
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch_size: int, max_len: int,
+                 dtype: torch.dtype, device: Union[str, torch.device]) -> None:
+        store_dtype, store_dim = _storage(dtype, head_dim)
+        self.dtype = dtype
+        self.kv = KVCache(num_layers, batch_size, num_kv_heads, store_dim, max_len, store_dtype, device)
+        self.batch_size, self.max_len, self.device = batch_size, max_len, self.kv.device
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """Tensor [B] int64 on ``device``: tokens held per row."""
+        return self.kv.lengths
+
+    def host_lengths(self) -> torch.Tensor:
+        """Tensor [B] int64 on the CPU (may wait for a pending device rollback)."""
+        return self.kv.host_lengths()
+
+    def reset(self) -> None:
+        """Empty every row (stale keys stay, finite, until overwritten)."""
+        self.kv.reset()
+
+    def begin(self, num_tokens: int) -> LlamaCacheStep:
+        pos = self.kv.lengths.view(-1, 1) + torch.arange(num_tokens, device=self.device, dtype=torch.int64)
+        return LlamaCacheStep(positions=pos, num_tokens=num_tokens)
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+               step: LlamaCacheStep) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, Hkv, S, D] at each row's length; return keys / values [B, Hkv, kv_len, D].
+
+        Raises ``ValueError`` (nothing written) when a row would pass ``max_len``.
+        """
+        keys, _ = self.kv.append(layer, _to_storage(k, self.dtype), _to_storage(v, self.dtype))
+        if step.kv_len is None:
+            # Fixed for the whole step: the cache's host mirror may be refreshed (shrink) between
+            # layers after a device rollback, and every layer must match one mask.
+            step.kv_len = keys.shape[2]
+            step.mask = spec_attention_mask(self.kv.lengths, step.num_tokens, step.kv_len, self.dtype)
+        keys, values = self.kv.view(layer, step.kv_len)
+        return _from_storage(keys, self.dtype), _from_storage(values, self.dtype)
+
+    def finish(self, step: LlamaCacheStep) -> None:
+        self.kv.advance(step.num_tokens)
+
+    def rollback(self, num_appended: int, num_kept: Union[torch.Tensor, Sequence[int], int]) -> None:
+        """lengths[b] -= num_appended - num_kept[b]. A device ``num_kept`` causes no host sync
+        (invalid rows are flagged in ``kv.errors``, see :meth:`KVCache.check`); a host one is
+        validated here (``ValueError``, nothing changed)."""
+        self.kv.rollback(num_appended, num_kept)
+
+
+class PagedLlamaCache:
+    """A :class:`~specdec_ext.PagedKVCache` holding one sequence per row (ids 0 .. B-1).
+
+    ``num_blocks`` defaults to enough blocks for every row to reach ``max_len``. Attention
+    reads each row's tokens through ``paged_kv_gather`` into dense ``[B, Hkv, kv_len, D]``.
+    Lengths live on the host (the block manager); ``lengths`` is their device copy.
+    """
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch_size: int, max_len: int,
+                 dtype: torch.dtype, device: Union[str, torch.device], block_size: int = 16,
+                 num_blocks: Optional[int] = None) -> None:
+        for name, value in (("batch_size", batch_size), ("max_len", max_len), ("block_size", block_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        per_seq = -(-max_len // block_size)
+        if num_blocks is None:
+            num_blocks = batch_size * per_seq
+        store_dtype, store_dim = _storage(dtype, head_dim)
+        self.dtype = dtype
+        self.paged = PagedKVCache(num_layers, num_blocks, block_size, num_kv_heads, store_dim, store_dtype,
+                                  device, max_blocks_per_seq=per_seq)
+        self.batch_size, self.max_len, self.device = batch_size, max_len, self.paged.device
+        self.seqs = list(range(batch_size))
+        for seq in self.seqs:
+            self.paged.manager.add(seq)
+        self._lengths = torch.zeros(batch_size, dtype=torch.int64, device=self.device)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """Tensor [B] int64 on ``device``: tokens held per row."""
+        return self._lengths
+
+    def host_lengths(self) -> torch.Tensor:
+        """Tensor [B] int64 on the CPU."""
+        return torch.tensor([self.paged.length(s) for s in self.seqs], dtype=torch.int64)
+
+    def reset(self) -> None:
+        """Empty every row, returning all its blocks to the free list."""
+        for seq in self.seqs:
+            self.paged.rollback(seq, 0)
+        self._sync_lengths()
+
+    def begin(self, num_tokens: int) -> LlamaCacheStep:
+        past = [self.paged.length(s) for s in self.seqs]
+        over = [b for b, n in enumerate(past) if n + num_tokens > self.max_len]
+        if over:
+            raise ValueError(f"PagedLlamaCache: rows {over} hold {[past[b] for b in over]} tokens; "
+                             f"{num_tokens} more would exceed max_len={self.max_len} (refused; nothing changed)")
+        # Reserve the slots now (all rows or none: OutOfBlocksError changes nothing).
+        slots = self.paged.allocate(self.seqs, num_tokens)
+        pos = self._lengths.view(-1, 1) + torch.arange(num_tokens, device=self.device, dtype=torch.int64)
+        kv_len = max(past) + num_tokens
+        mask = spec_attention_mask(self._lengths, num_tokens, kv_len, self.dtype)
+        return LlamaCacheStep(positions=pos, num_tokens=num_tokens, kv_len=kv_len, mask=mask,
+                              slots=slots, past=past)
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+               step: LlamaCacheStep) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, Hkv, S, D] to the step's slots; return the gathered keys / values
+        [B, Hkv, kv_len, D] (zero past each row's length)."""
+        B, H, S, D = k.shape
+        # Token order of the slot mapping: row-major over (row, new token).
+        k_tok = _to_storage(k.transpose(1, 2).reshape(B * S, H, D), self.dtype)
+        v_tok = _to_storage(v.transpose(1, 2).reshape(B * S, H, D), self.dtype)
+        self.paged.append(layer, k_tok, v_tok, step.slots)
+        keys, values = self.paged.gather(layer, self.seqs, step.kv_len)
+        return _from_storage(keys, self.dtype), _from_storage(values, self.dtype)
+
+    def finish(self, step: LlamaCacheStep) -> None:
+        # The block manager already counts the new tokens (allocate); mirror them on the device.
+        self._lengths.add_(step.num_tokens)
+
+    def rollback(self, num_appended: int, num_kept: Union[torch.Tensor, Sequence[int], int]) -> None:
+        """lengths[b] -= num_appended - num_kept[b], freeing whole blocks past the new length.
+        A device ``num_kept`` is read once (one host sync: block tables live on the host).
+        Invalid rows raise ``ValueError`` and nothing changes."""
+        if isinstance(num_kept, int) and not isinstance(num_kept, bool):
+            num_kept = [num_kept] * self.batch_size
+        self.paged.rollback_many(self.seqs, num_appended, num_kept)
+        self._sync_lengths()
+
+    def _sync_lengths(self) -> None:
+        self._lengths.copy_(self.host_lengths())
