@@ -411,6 +411,11 @@ class LlamaSpecModel(SpecModel):
         """Device of inputs, logits and lengths (the model's)."""
         return self.model.device
 
+    @property
+    def max_positions(self) -> int:
+        """Longest sequence the model supports (config.max_position_embeddings)."""
+        return int(self.model.config.max_position_embeddings)
+
     def reset(self, batch_size: int, max_len: int) -> None:
         """B empty rows of up to ``max_len`` tokens (reuses the cache when B and max_len repeat)."""
         c = self.cache
