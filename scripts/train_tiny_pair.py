@@ -108,7 +108,7 @@ def evaluate(target, draft, data, seq, n_batches=8):
     return ce_t / n_batches, ce_d / n_batches, alpha / n_batches
 
 
-def train(model, data, steps, batch, seq, lr, teacher=None, log_every=50, name="model"):
+def train(model, data, steps, batch, seq, lr, teacher=None, log_every=100, name="model"):
     gen = torch.Generator().manual_seed(1 if teacher is None else 2)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     t0 = time.time()
@@ -159,10 +159,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="specdec_ext/assets/tiny_pair")
     ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--target-steps", type=int, default=300)
-    ap.add_argument("--draft-steps", type=int, default=300)
+    ap.add_argument("--target-steps", type=int, default=2000)
+    ap.add_argument("--draft-steps", type=int, default=1200)
     ap.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
     args = ap.parse_args(argv)
     torch.manual_seed(0)

@@ -43,12 +43,21 @@ class RowStats:
     steps: int = 0          # target steps in which the row was active
     drafted: int = 0        # draft tokens proposed to this row
     accepted: int = 0       # of those, accepted by verify
+    rejections: int = 0     # steps that ended with a rejected draft (n < K)
     ks: List[int] = field(default_factory=list, repr=False)       # K of each step
     emitted: List[int] = field(default_factory=list, repr=False)  # tokens emitted at each step
 
     @property
     def acceptance_rate(self) -> float:
+        """Fraction of drafted tokens accepted."""
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def alpha(self) -> float:
+        """Per-token acceptance probability (Leviathan's alpha), estimated from tested
+        drafts: accepted / (accepted + rejections); drafts after a rejection are untested."""
+        tested = self.accepted + self.rejections
+        return self.accepted / tested if tested else 0.0
 
     @property
     def tokens_per_step(self) -> float:
@@ -65,6 +74,7 @@ class GenerationOutput:
     generated: List[List[int]]
     stats: List[RowStats]
     elapsed_s: float = 0.0
+    phase_s: dict = field(default_factory=dict)  # total seconds: draft, target, verify; steps, draft_steps
 
 
 def as_spec_model(model) -> SpecModel:
@@ -208,6 +218,7 @@ class SpeculativeEngine:
         costs = copy.deepcopy(self.step_costs) if self.step_costs is not None else StepCosts()
         V = self.target.vocab_size
         step = 0
+        phase = dict(draft=0.0, target=0.0, verify=0.0, steps=0, draft_steps=0)
         sync_mode = _SyncDebug(debug_sync and dev.type == "cuda")
 
         while any(active):
@@ -243,6 +254,11 @@ class SpeculativeEngine:
                 packed = torch.cat([res.tokens, res.num_accepted.view(B, 1), res.valid.view(B, 1).long()], dim=1)
             host = packed.cpu()  # the step's ONE device -> host copy
             draft_s, target_s, verify_s = timer.read()
+            phase["draft"] += draft_s
+            phase["target"] += target_s
+            phase["verify"] += verify_s
+            phase["steps"] += 1
+            phase["draft_steps"] += K
             if K > 0:
                 costs.add_draft(draft_s / K)
             costs.add_target(K + 1, target_s)
@@ -270,6 +286,7 @@ class SpeculativeEngine:
                 st.steps += 1
                 st.drafted += K
                 st.accepted += n
+                st.rejections += int(n < K)
                 st.tokens_generated += m
                 st.ks.append(K)
                 st.emitted.append(m)
@@ -300,7 +317,9 @@ class SpeculativeEngine:
             step += 1
             if progress is not None:
                 progress(sum(len(g) for g in generated))
-        return self._output(input_ids, generated, stats, pad, t_start)
+        out = self._output(input_ids, generated, stats, pad, t_start)
+        out.phase_s = phase
+        return out
 
     def _rollback_draft(self, K: int, n_pending: List[int], kept_d: torch.Tensor) -> None:
         """The draft appended n_pending[b] real tokens (pads already rolled back) then

@@ -1,0 +1,229 @@
+"""python -m specdec_ext.bench e2e: end-to-end speculative decoding on the bundled pair.
+
+Same prompts, same max_new_tokens, one run, per device (CPU, and CUDA when present):
+
+* target-only autoregressive decoding with the package's reference model (K = 0)
+* the engine with K in {1, 2, 4, 6} and adaptive K, greedy (T = 0) and sampling (T = 1)
+* Hugging Face ``generate(assistant_model=draft)`` and plain ``generate`` on the same
+  weights (when transformers is installed; assisted generation is batch 1 only)
+* batch 1 and batch 8
+
+Columns: tokens/s; alpha (per-token acceptance, accepted / tested drafts); tokens per
+target step; speedup over target-only decoding; Leviathan's predicted speedup
+(1 - a^(K+1)) / ((1 - a)(K c + 1)) for the measured alpha and cost ratio
+c = draft time per draft token / target-only time per token.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from .. import bundled
+from ..adaptive_k import predicted_speedup
+from ..engine import SpeculativeEngine
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "import os\nimport sys\n\n\ndef main(",
+    "class Stack:\n    def __init__(self):",
+    "    for i in range(len(",
+    "# Copyright (C) 2001 Python Software Foundation\n",
+    "    def __repr__(self):\n        return",
+    "try:\n    import",
+    "def _check_arg(value, name):\n    if not isinstance(",
+]
+
+
+def _batch(tok, prompts, device):
+    """Left-padded ids [B, T] and attention mask."""
+    enc = [tok.encode(p).ids for p in prompts]
+    T = max(len(e) for e in enc)
+    ids = torch.zeros(len(enc), T, dtype=torch.int64)
+    mask = torch.zeros(len(enc), T, dtype=torch.int64)
+    for b, e in enumerate(enc):
+        ids[b, T - len(e):] = torch.tensor(e)
+        mask[b, T - len(e):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0):
+    """groups: list of (ids, mask). Returns aggregate stats over all of them."""
+    eng = SpeculativeEngine(target, draft, k=k, adaptive_k=adaptive)
+    tokens = steps = accepted = rejections = 0
+    draft_s = draft_steps = 0.0
+    elapsed = 0.0
+    for ids, mask in groups:
+        t0 = time.perf_counter()
+        out = eng.generate(ids, max_new, temperature=temperature, seed=seed, attention_mask=mask)
+        elapsed += time.perf_counter() - t0
+        tokens += sum(len(g) for g in out.generated)
+        steps += out.phase_s["steps"]
+        accepted += sum(s.accepted for s in out.stats)
+        rejections += sum(s.rejections for s in out.stats)
+        draft_s += out.phase_s["draft"]
+        draft_steps += out.phase_s["draft_steps"]
+    tested = accepted + rejections
+    return dict(tokens=tokens, seconds=elapsed, tok_s=tokens / elapsed,
+                alpha=accepted / tested if tested else None,
+                tokens_per_step=tokens / steps / len(groups[0][0]) if steps else None,
+                draft_s_per_token=draft_s / draft_steps if draft_steps else None)
+
+
+def run_hf(hf_target, hf_draft, temperature, groups, max_new, assisted):
+    tokens, elapsed = 0, 0.0
+    kw = dict(do_sample=temperature > 0, max_new_tokens=max_new, min_new_tokens=max_new, pad_token_id=0)
+    if temperature > 0:
+        kw.update(temperature=temperature, top_k=0, top_p=1.0)
+    for ids, mask in groups:
+        torch.manual_seed(0)
+        t0 = time.perf_counter()
+        out = hf_target.generate(ids, attention_mask=mask, assistant_model=hf_draft if assisted else None, **kw)
+        _sync(ids.device.type)
+        elapsed += time.perf_counter() - t0
+        tokens += (out.shape[1] - ids.shape[1]) * ids.shape[0]
+    return dict(tokens=tokens, seconds=elapsed, tok_s=tokens / elapsed, alpha=None, tokens_per_step=None,
+                draft_s_per_token=None)
+
+
+def bench_device(device, args, rows, bar):
+    target, draft = bundled.load_pair(device=device)
+    tok = bundled.load_tokenizer()
+    try:
+        hf_target, hf_draft = bundled.load_pair(device=device, implementation="hf", check=False)
+    except ImportError:
+        hf_target = hf_draft = None
+    for B in args.batch:
+        prompts = (PROMPTS * 8)[: max(B, args.prompts)]
+        groups = [_batch(tok, prompts[i:i + B], device) for i in range(0, len(prompts), B)]
+        run_engine(target, draft, 2, False, 0.0, groups[:1], 8)  # warm up
+        for T in args.temperature:
+            base = run_engine(target, draft, 0, False, T, groups, args.max_new_tokens)
+            t_plain = base["seconds"] / base["tokens"] * B  # seconds per target-only step (per row)
+
+            def add(method, k, r):
+                c = r["draft_s_per_token"] / t_plain if r["draft_s_per_token"] else None
+                pred = predicted_speedup(r["alpha"], k, c) if (r["alpha"] is not None and c is not None and
+                                                               isinstance(k, int)) else None
+                rows.append(dict(device=device, batch=B, temperature=T, method=method, k=k, **r,
+                                 speedup=r["tok_s"] / base["tok_s"], cost_ratio=c, predicted=pred))
+                print_row(rows[-1])
+                bar.update(1)
+
+            add("target-only", 0, base)
+            for k in args.k:
+                add("engine", k, run_engine(target, draft, k, False, T, groups, args.max_new_tokens))
+            add("engine adaptive", f"<={max(args.k)}",
+                run_engine(target, draft, max(args.k), "cost", T, groups, args.max_new_tokens))
+            if hf_target is not None:
+                add("HF generate", "-", run_hf(hf_target, None, T, groups, args.max_new_tokens, False))
+                if B == 1:
+                    add("HF assisted", "hf", run_hf(hf_target, hf_draft, T, groups, args.max_new_tokens, True))
+                else:
+                    rows.append(dict(device=device, batch=B, temperature=T, method="HF assisted", k="-",
+                                     note="batch 1 only"))
+                    print(f"{device:4} {B:>2} {T:>3} {'HF assisted':16} (transformers supports batch 1 only)")
+                    bar.update(1)
+
+
+HEADER = (f"{'dev':4} {'B':>2} {'T':>3} {'method':16} {'K':>5} | {'tok/s':>8} {'alpha':>5} {'tok/step':>8} | "
+          f"{'speedup':>7} {'c':>5} {'predicted':>9}")
+
+
+def print_row(r):
+    f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+    print(f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']:16} {str(r['k']):>5} | "
+          f"{r['tok_s']:>8.1f} {f(r['alpha'], '.2f'):>5} {f(r['tokens_per_step'], '.2f'):>8} | "
+          f"{r['speedup']:>6.2f}x {f(r['cost_ratio'], '.2f'):>5} {f(r['predicted'], '.2f'):>8}x", flush=True)
+
+
+def check_targets(rows):
+    out = []
+    for dev in sorted({r["device"] for r in rows}):
+        for T in sorted({r["temperature"] for r in rows}):
+            eng = [r for r in rows if r["device"] == dev and r["batch"] == 1 and r["temperature"] == T
+                   and r["method"] == "engine" and r.get("predicted")]
+            if eng:
+                best = max(eng, key=lambda r: r["speedup"])
+                ok = best["speedup"] >= 0.9 * best["predicted"]
+                out.append((f"{dev} T={T} B=1: measured speedup >= 90% of predicted at the best K (K={best['k']})",
+                            ok, f"{best['speedup']:.2f}x vs {best['predicted']:.2f}x"))
+                hf = [r for r in rows if r["device"] == dev and r["batch"] == 1 and r["temperature"] == T
+                      and r["method"] == "HF assisted" and "tok_s" in r]
+                if hf:
+                    ok = best["tok_s"] >= 1.5 * hf[0]["tok_s"]
+                    out.append((f"{dev} T={T} B=1: engine >= 1.5x HF assisted generation tokens/s", ok,
+                                f"{best['tok_s']:.0f} vs {hf[0]['tok_s']:.0f} tok/s"))
+    for name, ok, val in out:
+        print(f"target {'MET    ' if ok else 'NOT MET'} {name}: {val}")
+    return [dict(target=n, met=ok, value=v) for n, ok, v in out]
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (dev, B, T) in sorted({(r["device"], r["batch"], r["temperature"]) for r in rows}):
+        eng = [r for r in rows if (r["device"], r["batch"], r["temperature"]) == (dev, B, T)
+               and r["method"] == "engine"]
+        if not eng:
+            continue
+        ks = [r["k"] for r in eng]
+        line, = ax.plot(ks, [r["speedup"] for r in eng], "o-", label=f"{dev} B={B} T={T} measured")
+        ax.plot(ks, [r["predicted"] or float("nan") for r in eng], "x--", color=line.get_color(),
+                label=f"{dev} B={B} T={T} predicted")
+    ax.axhline(1.0, color="gray", lw=0.5)
+    ax.set_xlabel("K (drafts per step)")
+    ax.set_ylabel("speedup over target-only")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(prog="python -m specdec_ext.bench e2e", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
+    ap.add_argument("--k", type=int, nargs="+", default=[1, 2, 4, 6])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--prompts", type=int, default=4, help="prompts per configuration (batch 1: one call each)")
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--plot", metavar="PNG", help="speedup vs K, measured and predicted (needs matplotlib)")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
+    if "cuda" in devices and not torch.cuda.is_available():
+        print("cuda: no GPU: skipped", file=sys.stderr)
+        devices.remove("cuda")
+    try:
+        from tqdm import tqdm
+        total = len(devices) * len(args.batch) * len(args.temperature) * (len(args.k) + 4)
+        bar = tqdm(total=total, unit="run", file=sys.stderr, disable=args.no_progress, leave=False)
+    except ImportError:
+        bar = type("NoBar", (), {"update": lambda self, n: None, "close": lambda self: None})()
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, max_new_tokens {args.max_new_tokens}")
+    print(HEADER)
+    rows = []
+    for d in devices:
+        bench_device(d, args, rows, bar)
+    bar.close()
+    targets = check_targets(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(rows=rows, targets=targets, torch=torch.__version__), f, indent=1)
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
