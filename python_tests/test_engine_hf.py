@@ -7,6 +7,7 @@ import inspect
 import pytest
 import torch
 
+from conftest import ragged_prompts
 from specdec_ext import SpeculativeEngine
 
 transformers = pytest.importorskip("transformers")
@@ -30,16 +31,6 @@ def pair():
     return target, draft
 
 
-def _ragged():
-    torch.manual_seed(3)
-    ids = torch.randint(1, 97, (3, 7))
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
-    mask[2, :5] = 0
-    ids[mask == 0] = 0
-    return ids, mask
-
-
 @pytest.mark.parametrize("k,adaptive", [(1, False), (3, False), (5, False), (5, "cost"), (4, "threshold")])
 def test_greedy_equals_hf_generate(pair, k, adaptive):
     target, draft = pair
@@ -49,7 +40,7 @@ def test_greedy_equals_hf_generate(pair, k, adaptive):
     assert torch.equal(out1.sequences, ref1)
     if k >= 3:
         assert out1.stats[0].acceptance_rate > 0.3  # the close draft is accepted often
-    ids, mask = _ragged()
+    ids, mask = ragged_prompts()
     ref = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
     out = SpeculativeEngine(target, draft, k=k, adaptive_k=adaptive).generate(ids, 16, attention_mask=mask)
     assert torch.equal(out.sequences, ref)
@@ -65,7 +56,7 @@ def test_greedy_with_an_unrelated_draft(pair):
 
 def test_hf_caches_equal_fresh_prefill(pair):
     target, draft = pair
-    ids, mask = _ragged()
+    ids, mask = ragged_prompts()
     eng = SpeculativeEngine(target, draft, k=4, adaptive_k=False)
     out = eng.generate(ids, 13, temperature=1.0, seed=7, attention_mask=mask)
     for b in range(3):

@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 
+from conftest import ragged_prompts
 from specdec_ext import SpeculativeEngine
 from specdec_ext.models import LlamaModel, LlamaSpecModel
 
@@ -30,16 +31,6 @@ def _ours(hf, cache):
     return LlamaSpecModel(m, cache=cache, block_size=4) if cache == "paged" else LlamaSpecModel(m)
 
 
-def _ragged():
-    torch.manual_seed(3)
-    ids = torch.randint(1, 97, (3, 7))
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
-    mask[2, :5] = 0
-    ids[mask == 0] = 0
-    return ids, mask
-
-
 @pytest.mark.parametrize("cache", ["contiguous", "paged"])
 @pytest.mark.parametrize("k,adaptive", [(1, False), (3, False), (5, False), (5, "cost")])
 def test_greedy_equals_hf_generate_reference_model(hf_pair, cache, k, adaptive):
@@ -48,7 +39,7 @@ def test_greedy_equals_hf_generate_reference_model(hf_pair, cache, k, adaptive):
     ids1 = torch.randint(1, 97, (1, 6), generator=torch.Generator().manual_seed(k))
     ref1 = target.generate(ids1, max_new_tokens=24, do_sample=False, pad_token_id=0)
     assert torch.equal(eng.generate(ids1, 24).sequences, ref1)
-    ids, mask = _ragged()
+    ids, mask = ragged_prompts()
     ref = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
     assert torch.equal(eng.generate(ids, 16, attention_mask=mask).sequences, ref)
 
@@ -68,7 +59,7 @@ def test_llama_model_is_wrapped_automatically(hf_pair):
 def test_caches_equal_a_fresh_prefill_reference_model(hf_pair, cache):
     target, draft = hf_pair
     eng = SpeculativeEngine(_ours(target, cache), _ours(draft, cache), k=4, adaptive_k=False)
-    ids, mask = _ragged()
+    ids, mask = ragged_prompts()
     out = eng.generate(ids, 13, temperature=1.0, seed=7, attention_mask=mask)
     seqs = [ids[b][mask[b].bool()].tolist() + out.generated[b] for b in range(3)]
     for wrapper, full_model, pending_ok in ((eng.target, target, (1,)), (eng.draft, draft, (1, 2))):

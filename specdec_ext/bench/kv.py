@@ -18,38 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
-from typing import Callable, Dict, List
+from typing import Dict, List
 
 import torch
 
 import specdec_ext  # noqa: F401  (registers torch.ops.specdec.*)
 
+from .timing import time_call
+
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 H, D = 8, 128
-
-
-def _time(fn: Callable[[], object], device: str, min_seconds: float, min_reps: int = 3) -> float:
-    """Median seconds per call."""
-    fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    times: List[float] = []
-    start = time.perf_counter()
-    while len(times) < min_reps or (time.perf_counter() - start < min_seconds and len(times) < 500):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _bench_append(device: str, B: int, S: int, dtype: torch.dtype, max_len: int, min_s: float) -> List[Dict]:
@@ -94,7 +72,7 @@ def _bench_append(device: str, B: int, S: int, dtype: torch.dtype, max_len: int,
         ("paged_append", "torch index_copy_", paged_index),
     ]
     return [dict(op=op, impl=impl, device=device, B=B, S=S, dtype=str(dtype).replace("torch.", ""),
-                 bytes=nbytes, seconds=(t := _time(fn, device, min_s)), gbps=nbytes / t / 1e9)
+                 bytes=nbytes, seconds=(t := time_call(fn, device, min_seconds=min_s)), gbps=nbytes / t / 1e9)
             for op, impl, fn in cases]
 
 
@@ -138,7 +116,7 @@ def _bench_gather(device: str, B: int, dtype: torch.dtype, context: int, min_s: 
         ("gather", "copy_", plain_copy),
     ]
     return [dict(op=op, impl=impl, device=device, B=B, S=context, dtype=str(dtype).replace("torch.", ""),
-                 bytes=nbytes, seconds=(t := _time(fn, device, min_s)), gbps=nbytes / t / 1e9)
+                 bytes=nbytes, seconds=(t := time_call(fn, device, min_seconds=min_s)), gbps=nbytes / t / 1e9)
             for op, impl, fn in cases]
 
 

@@ -13,7 +13,7 @@ def time_call(fn, device: str, min_reps: int = 3, min_seconds: float = 0.2, warm
         torch.cuda.synchronize()
     times = []
     start_all = time.perf_counter()
-    while len(times) < min_reps or (time.perf_counter() - start_all < min_seconds and len(times) < 200):
+    while len(times) < min_reps or (time.perf_counter() - start_all < min_seconds and len(times) < 500):
         if device == "cuda":
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
