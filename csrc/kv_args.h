@@ -4,6 +4,7 @@
 // block (core/kv_cache.h). Header-only (inline) so that both backends' files
 // use it without another translation unit in setup.py.
 #pragma once
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
@@ -54,6 +55,18 @@ inline bool* flag_ptr(const std::optional<at::Tensor>& f, int64_t numel, const a
 }
 
 // key_cache and value_cache: same dtype / shape / device, head dim contiguous, not the same memory.
+// Written tensors must not alias themselves (stride 0) or each other, even partly:
+// on CUDA overlapping writes would race. Metadata only, no device access.
+inline void check_no_overlap(const at::Tensor& a, const at::Tensor& b, const char* a_name, const char* b_name) {
+  TORCH_CHECK(at::has_internal_overlap(a) != at::MemOverlap::Yes, a_name,
+              " has overlapping elements (e.g. an expanded tensor); it must be writable element by element");
+  TORCH_CHECK(at::has_internal_overlap(b) != at::MemOverlap::Yes, b_name,
+              " has overlapping elements (e.g. an expanded tensor); it must be writable element by element");
+  const at::MemOverlapStatus st = at::get_overlap_status(a, b);
+  TORCH_CHECK(st != at::MemOverlapStatus::Full && st != at::MemOverlapStatus::Partial, a_name, " and ", b_name,
+              " overlap in memory; they must be separate tensors");
+}
+
 inline void check_cache_pair(const at::Tensor& k, const at::Tensor& v, int64_t dims, const char* layout) {
   TORCH_CHECK(k.dim() == dims, "key_cache must be ", layout, ", got shape ", k.sizes());
   TORCH_CHECK(v.dim() == dims, "value_cache must be ", layout, ", got shape ", v.sizes());
@@ -69,6 +82,7 @@ inline void check_cache_pair(const at::Tensor& k, const at::Tensor& v, int64_t d
               "value_cache must have stride 1 in its last (head_dim) dim, got strides ", v.strides());
   TORCH_CHECK(k.numel() == 0 || k.data_ptr() != v.data_ptr(),
               "key_cache and value_cache must be different tensors (they share memory)");
+  check_no_overlap(k, v, "key_cache", "value_cache");
 }
 
 // New keys / values: the cache's dtype and device (no implicit cast), given shape.
@@ -235,6 +249,7 @@ inline void set_gather_outputs(PagedGatherParams& P, const at::Tensor& key_cache
   }
   TORCH_CHECK(keys.numel() == 0 || keys.data_ptr() != values.data_ptr(),
               "keys_out and values_out must be different tensors (they share memory)");
+  check_no_overlap(keys, values, "keys_out", "values_out");
 }
 
 }  // namespace kv

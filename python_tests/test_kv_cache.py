@@ -475,3 +475,19 @@ def test_step_replayed_in_cuda_graph_cuda():
         assert torch.equal(kc[b, :, :n].cpu(), ref_k[b, :, :n])
         assert torch.equal(vc[b, :, :n].cpu(), ref_v[b, :, :n])
     assert not overflow.any() and not invalid.any()
+
+
+def test_overlapping_caches_are_refused():
+    """Partly overlapping key/value caches (or an expanded one) would race on CUDA: refused.
+    (Overlap that torch cannot decide cheaply, between two strided views, is not detected.)"""
+    flat = torch.zeros(2 * 2 * 8 * 4 + 32)
+    k, v = flat[:128].view(2, 2, 8, 4), flat[32:160].view(2, 2, 8, 4)   # dense, partly overlapping
+    big = flat
+    new = torch.ones(2, 2, 1, 4)
+    lengths = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="key_cache and value_cache overlap in memory"):
+        specdec_ext.kv_append_(k, v, new, new, lengths)
+    assert (big == 0).all()
+    expanded = torch.zeros(1, 2, 8, 4).expand(2, 2, 8, 4)
+    with pytest.raises(RuntimeError, match="key_cache has overlapping elements"):
+        specdec_ext.kv_append_(expanded, torch.zeros(2, 2, 8, 4), new, new, lengths)
