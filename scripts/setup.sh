@@ -13,7 +13,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "$TORCH_SPEC" numpy scipy pytest ninja setuptools wheel \
-  prometheus_client safetensors tqdm transformers
+  prometheus_client safetensors tokenizers tqdm transformers matplotlib
 
 export MAX_JOBS=${MAX_JOBS:-2}
 echo "[setup] building specdec_ext (MAX_JOBS=$MAX_JOBS)"

@@ -252,7 +252,7 @@ class SpeculativeEngine:
                 res = verify(target_logits, draft_ids, draft_probs, temps_dev, seed=seed, offset=step)
                 timer.mark()
                 packed = torch.cat([res.tokens, res.num_accepted.view(B, 1), res.valid.view(B, 1).long()], dim=1)
-            host = packed.cpu()  # the step's ONE device -> host copy
+            host = packed.cpu().tolist()  # the step's ONE device -> host copy
             draft_s, target_s, verify_s = timer.read()
             phase["draft"] += draft_s
             phase["target"] += target_s
@@ -270,10 +270,11 @@ class SpeculativeEngine:
             for b in range(B):
                 if not active[b]:  # finished: keeps nothing of this step (kept = 0)
                     continue
-                if not bool(host[b, K + 2]):
+                row = host[b]  # [tokens (K+1), num_accepted, valid]
+                if not row[K + 2]:
                     raise RuntimeError(f"verify flagged row {b} invalid (NaN/inf logits from the model?)")
-                n = int(host[b, K + 1])
-                emitted = [int(t) for t in host[b, :n + 1]]
+                n = row[K + 1]
+                emitted = row[:n + 1]
                 room = max_new_tokens - len(generated[b])
                 emitted = emitted[:room]
                 for idx, t in enumerate(emitted):
