@@ -45,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--no-baseline", action="store_true", help="skip the target-only run (no speedup figure)")
     ap.add_argument("--k", type=int, default=5, help="drafts per step (the maximum with --adaptive)")
-    ap.add_argument("--adaptive", nargs="?", const="cost", default=None, choices=["cost", "threshold"],
-                    help="adapt K (default policy: cost model)")
+    ap.add_argument("--adaptive", nargs="?", const="cost", default="cost", choices=["cost", "threshold"],
+                    help="adapt K in [0, k] (default: the cost model; 'threshold' = the simple rule)")
+    ap.add_argument("--fixed-k", action="store_true", help="always draft exactly --k tokens (no adaptation)")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eos-id", type=int, default=None)
@@ -109,7 +110,8 @@ def run(args) -> int:
         raise SystemExit("the prompt is empty")
     metrics = SpecDecMetrics(engine="cli") if args.metrics_port is not None else None
     server = metrics.serve(args.metrics_port) if metrics else None
-    engine = SpeculativeEngine(target, draft, k=args.k, adaptive_k=args.adaptive or False, metrics=metrics)
+    engine = SpeculativeEngine(target, draft, k=args.k, adaptive_k=False if args.fixed_k else args.adaptive,
+                               metrics=metrics)
     ids = torch.tensor([prompt_ids], dtype=torch.int64)
     engine.generate(ids, 4, temperature=args.temperature, seed=args.seed)  # warm-up (allocations, kernels)
     bar, update = progress_bar(args.max_new_tokens, not args.no_progress and args.max_new_tokens >= 32)
