@@ -162,8 +162,13 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--target-steps", type=int, default=2000)
-    ap.add_argument("--draft-steps", type=int, default=1200)
+    ap.add_argument("--draft-steps", type=int, default=1500)
     ap.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
+    ap.add_argument("--target-from", metavar="DIR",
+                    help="skip the tokenizer and target stages: load both from a pair directory written by this "
+                         "script (e.g. specdec_ext/assets/tiny_pair) and train only the draft")
+    ap.add_argument("--draft-hidden", type=int, default=96)
+    ap.add_argument("--draft-layers", type=int, default=1)
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -172,25 +177,43 @@ def main(argv=None):
     train_files, held_files = split(files)
     print(f"corpus: {len(train_files)} train / {len(held_files)} held-out files from {root} "
           f"(Python {sys.version.split()[0]})", flush=True)
-    tok = train_tokenizer(train_files, args.vocab)
+    if args.target_from:
+        from tokenizers import Tokenizer
+        from transformers import LlamaForCausalLM
+
+        tok = Tokenizer.from_file(os.path.join(args.target_from, "target", "tokenizer.json"))
+    else:
+        tok = train_tokenizer(train_files, args.vocab)
     train_ids, held_ids = encode(tok, train_files), encode(tok, held_files)
     print(f"tokenizer: {tok.get_vocab_size()} tokens; {len(train_ids)} train / {len(held_ids)} held-out tokens "
           f"({time.time() - t_start:.0f}s)", flush=True)
 
     target = llama(args.vocab, hidden=192, layers=6, heads=4, kv_heads=2, inter=512, seq=args.seq)
-    draft = llama(args.vocab, hidden=64, layers=2, heads=2, kv_heads=1, inter=176, seq=args.seq)
+    # A one-layer draft: on small models a forward costs mostly per-layer overhead, so the
+    # draft's cost relative to the target is set by its depth more than by its width.
+    draft = llama(args.vocab, hidden=args.draft_hidden, layers=args.draft_layers, heads=2, kv_heads=1,
+                  inter=args.draft_hidden * 8 // 3 // 16 * 16, seq=args.seq)
     n_t = sum(p.numel() for p in target.parameters())
     n_d = sum(p.numel() for p in draft.parameters())
     print(f"target {n_t / 1e6:.2f}M parameters, draft {n_d / 1e6:.2f}M ({n_t / n_d:.1f}x fewer)", flush=True)
 
-    train(target, train_ids, args.target_steps, args.batch, args.seq, lr=3e-3, name="target")
+    if args.target_from:
+        target = LlamaForCausalLM.from_pretrained(os.path.join(args.target_from, "target"), dtype=torch.float32)
+        print(f"target loaded from {args.target_from} (not retrained)", flush=True)
+    else:
+        train(target, train_ids, args.target_steps, args.batch, args.seq, lr=3e-3, name="target")
+        # The shipped target is fp16: distil the draft from exactly those weights.
+        target = target.half().float()
+    target.eval()
     train(draft, train_ids, args.draft_steps, args.batch, args.seq, lr=5e-3, teacher=target, name="draft")
     ce_t, ce_d, alpha = evaluate(target, draft, held_ids, args.seq)
     elapsed = time.time() - t_start
     print(f"held-out loss: target {ce_t:.3f}, draft {ce_d:.3f}; draft acceptance rate vs target "
           f"(T=1) alpha = {alpha:.3f}; total {elapsed / 60:.1f} min", flush=True)
     meta = dict(python=sys.version.split()[0], torch=torch.__version__, seed=0, vocab=args.vocab, seq=args.seq,
-                batch=args.batch, target_steps=args.target_steps, draft_steps=args.draft_steps,
+                batch=args.batch, target_steps=None if args.target_from else args.target_steps,
+                target_from=args.target_from, draft_steps=args.draft_steps, draft_hidden=args.draft_hidden,
+                draft_layers=args.draft_layers,
                 target_params=n_t, draft_params=n_d, heldout_loss_target=ce_t, heldout_loss_draft=ce_d,
                 alpha_t1=alpha, minutes=elapsed / 60)
     save(target, tok, os.path.join(args.out, "target"), meta)
