@@ -6,7 +6,7 @@
 
 Both are Llama-architecture models in Hugging Face format (config.json, fp16
 model.safetensors, tokenizer.json) trained on the Python standard library's source: a
-~3M-parameter target and a ~9x smaller draft distilled from it. Everything loads
+~3M-parameter target and a one-layer draft (~6.5x fewer parameters) distilled from it. Everything loads
 offline; the files' SHA-256 sums are recorded in checksums.json and checked on load, so
 a corrupt install is a clear error rather than garbage output.
 """
