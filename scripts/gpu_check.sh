@@ -19,16 +19,16 @@ timeout 300 "$PY" -m pip install --no-build-isolation --no-deps -e . > "$OUTDIR/
 
 log "CUDA tests"
 # no -x: one failing CUDA test must not hide the others; every test has its own time limit
-timeout 200 "$PY" -m pytest python_tests -q -k cuda -p no:cacheprovider -o faulthandler_timeout=60 -rf \
+timeout 180 "$PY" -m pytest python_tests -q -k cuda -p no:cacheprovider -o faulthandler_timeout=60 -rf \
   > "$OUTDIR/pytest_cuda.log" 2>&1
 log "pytest (cuda) exit $? : $(tail -1 "$OUTDIR/pytest_cuda.log")"
 
 log "bench verify (cuda)"
-timeout 150 "$PY" -m specdec_ext.bench verify --device cuda --json "$OUTDIR/bench_verify.json" \
+timeout 200 "$PY" -m specdec_ext.bench verify --device cuda --json "$OUTDIR/bench_verify.json" \
   > "$OUTDIR/bench_verify.txt" 2>&1
 log "bench verify exit $?"
 log "bench kv (cuda)"
-timeout 40 "$PY" -m specdec_ext.bench kv --device cuda --json "$OUTDIR/bench_kv.json" > "$OUTDIR/bench_kv.txt" 2>&1
+timeout 30 "$PY" -m specdec_ext.bench kv --device cuda --json "$OUTDIR/bench_kv.json" > "$OUTDIR/bench_kv.txt" 2>&1
 log "bench kv exit $?"
 log "bench e2e (cuda)"
 timeout 60 "$PY" -m specdec_ext.bench e2e --device cuda --no-progress --max-new-tokens 64 \

@@ -76,7 +76,7 @@ def flashinfer_fn(logits, ids, q):
     return run
 
 
-def bench_device(device, grid, with_compile, rows):
+def bench_device(device, grid, with_compile, rows, on_row=lambda: None):
     compiled = torch.compile(torch_verify, dynamic=True) if with_compile else None
     peak = copy_bandwidth(device) if device == "cuda" else None
     for dt in grid["dtype"]:
@@ -99,6 +99,7 @@ def bench_device(device, grid, with_compile, rows):
                                      fused_s=t_fused, torch_s=t_torch, compile_s=t_comp, flashinfer_s=t_fi,
                                      fused_gbps=nbytes / t_fused / 1e9, copy_gbps=peak))
                     print_row(rows[-1])
+                    on_row()
                     del logits, ids, q
 
 
@@ -165,11 +166,15 @@ def main(argv):
     print(f"torch {torch.__version__}, specdec_ext {specdec_ext.__version__}, threads {torch.get_num_threads()}")
     print(HEADER)
     rows = []
+
+    def save(targets=None):
+        # rewritten after every row, so a run cut short by a time limit keeps what it measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(rows=rows, targets=targets, torch=torch.__version__,
+                               gpu=torch.cuda.get_device_name() if "cuda" in devices else None), f, indent=1)
+
     for d in devices:
-        bench_device(d, grid, not args.no_compile, rows)
-    targets = check_targets(rows)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(rows=rows, targets=targets, torch=torch.__version__,
-                           gpu=torch.cuda.get_device_name() if "cuda" in devices else None), f, indent=1)
+        bench_device(d, grid, not args.no_compile, rows, on_row=save)
+    save(check_targets(rows))
     return 0
