@@ -1,0 +1,58 @@
+"""The adaptive-K building blocks: Leviathan's formulas, the acceptance estimate, the
+online cost fit and the policies' choices."""
+import pytest
+
+from specdec_ext.adaptive_k import (AcceptanceEstimator, CostModelPolicy, StepCosts, ThresholdPolicy,
+                                    expected_tokens, make_policy, predicted_speedup)
+
+
+def test_expected_tokens_and_speedup_closed_form():
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 5) == 6.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    # alpha = 0.8, K = 4, c = 0.1: (1 - 0.8^5) / (0.2 * 1.4)
+    assert predicted_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 1.4))
+
+
+def test_acceptance_estimate_moves_towards_outcomes():
+    est = AcceptanceEstimator(2, rate=0.2, prior=0.5)
+    for _ in range(20):
+        est.update(0, 4, 4)       # always fully accepted
+        est.update(1, 4, 0)       # always rejected at once
+    assert est.alpha(0) > 0.99 and est.alpha(1) < 0.02
+    est.update(0, 0, 0)           # K = 0 steps carry no evidence
+    assert est.alpha(0) > 0.99
+
+
+def test_cost_fit_recovers_a_linear_target_cost():
+    c = StepCosts()
+    for s in (1, 2, 3, 5, 7) * 10:
+        c.add_target(s, 1.0 + 0.25 * s)
+        c.add_draft(0.3)
+    assert c.target(1) == pytest.approx(1.25, rel=1e-6)
+    assert c.target(9) == pytest.approx(3.25, rel=1e-6)
+    assert c.draft() == pytest.approx(0.3)
+    frozen = StepCosts(draft_guess=0.1, target_guess=2.0, frozen=True)
+    frozen.add_target(3, 99.0)
+    frozen.add_draft(99.0)
+    assert (frozen.draft(), frozen.target(3)) == (0.1, 2.0)
+
+
+def test_cost_policy_picks_the_rate_maximising_k():
+    costs = StepCosts(draft_guess=0.1, target_guess=1.0, frozen=True)
+    pol = CostModelPolicy(k_max=8)
+    for alpha in (0.3, 0.6, 0.8, 0.95):
+        best = max(range(9), key=lambda k: expected_tokens(alpha, k) / (0.1 * k + 1.0))
+        assert pol.choose([alpha], costs) == best
+    # drafting that cannot pay: K = 0, with a K = 1 probe every 8th step
+    expensive = StepCosts(draft_guess=2.0, target_guess=1.0, frozen=True)
+    ks = [pol.choose([0.5], expensive) for _ in range(16)]
+    assert ks.count(0) == 14 and ks.count(1) == 2
+
+
+def test_threshold_policy_has_hysteresis():
+    pol = ThresholdPolicy(k_high=6)
+    seq = [pol.choose([a], None) for a in (0.9, 0.3, 0.45, 0.49, 0.5, 0.45)]
+    assert seq == [6, 2, 2, 2, 6, 6]
+    with pytest.raises(ValueError, match="adaptive policy"):
+        make_policy("random", 4)
