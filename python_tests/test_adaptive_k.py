@@ -2,7 +2,7 @@
 online cost fit and the policies' choices."""
 import pytest
 
-from specdec_ext.adaptive_k import (AcceptanceEstimator, CostModelPolicy, StepCosts, ThresholdPolicy,
+from specdec_ext.engine.adaptive_k import (AcceptanceEstimator, CostModelPolicy, StepCosts, ThresholdPolicy,
                                     expected_tokens, make_policy, predicted_speedup)
 
 

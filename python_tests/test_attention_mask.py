@@ -156,13 +156,15 @@ def test_sdpa_kvcache_and_paged_cache_agree(device):
 def test_argument_errors():
     with pytest.raises(ValueError, match="q_len"):
         spec_attention_mask([0], -1, 4)
-    with pytest.raises(ValueError, match="kv_len"):
+    with pytest.raises(TypeError, match="kv_len must be an int"):
         spec_attention_mask([0], 1, 2.5)
+    with pytest.raises(TypeError, match=r"past_lens\[0\] must be an int"):
+        spec_attention_mask_bool([1.5], 1, 4)
     with pytest.raises(ValueError, match="too short"):
         spec_attention_mask([3, 1], 2, 4)
-    with pytest.raises(ValueError, match="floating dtype"):
+    with pytest.raises(TypeError, match="floating dtype"):
         spec_attention_mask([0], 1, 4, torch.int32)
-    with pytest.raises(ValueError, match="integer tensor"):
+    with pytest.raises(TypeError, match="integer tensor"):
         spec_attention_mask(torch.tensor([0.0]), 1, 4)
     with pytest.raises(ValueError, match=r"\[B\] tensor"):
         spec_attention_mask(torch.tensor([[0]]), 1, 4)

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+import specdec_ext
 from specdec_ext import SpecDecMetrics, SpeculativeEngine
-from specdec_ext.adaptive_k import StepCosts
+from specdec_ext.engine.adaptive_k import StepCosts
 from stats_reference import ALPHA, chi_square_pvalue
 from table_models import BigramModel, ScriptedModel
 
@@ -137,12 +138,18 @@ def _ks(out):
     return out.stats[0].ks
 
 
+def _unclipped_ks(out, k, max_new):
+    """Row 0's K at the steps where the token budget left did not clip K below k."""
+    budget = (max_new - np.cumsum([0] + out.stats[0].emitted[:-1]) - 1).tolist()
+    return [kk for kk, b in zip(out.stats[0].ks, budget) if b >= k]
+
+
 def test_adaptive_k_rises_with_high_acceptance_and_falls_with_low():
     t = _tables(11)
     costs = StepCosts(draft_guess=0.05, target_guess=1.0, frozen=True)
     ids = torch.tensor([[1, 2]])
     high = SpeculativeEngine(BigramModel(t), BigramModel(t), k=6, adaptive_k="cost", step_costs=costs)
-    ks = _ks(high.generate(ids, 120, temperature=1.0, seed=1))
+    ks = _unclipped_ks(high.generate(ids, 120, temperature=1.0, seed=1), 6, 120)
     assert ks[-1] == 6 and max(ks[-5:]) == 6
     # disjoint: the draft only proposes tokens the target never emits
     t_masked = t.clone()
@@ -155,7 +162,7 @@ def test_adaptive_k_rises_with_high_acceptance_and_falls_with_low():
     assert out.stats[0].accepted == 0
     assert ks[-10:].count(0) >= 7       # drafting turned off, apart from probes
     thr = SpeculativeEngine(BigramModel(t_masked), BigramModel(d_masked), k=6, adaptive_k="threshold")
-    assert _ks(thr.generate(ids, 40, temperature=1.0, seed=1))[-1] == 2
+    assert _unclipped_ks(thr.generate(ids, 40, temperature=1.0, seed=1), 2, 40)[-1] == 2
 
 
 def test_adaptive_k_follows_a_changing_draft():
@@ -202,7 +209,7 @@ def test_metrics_scrape_matches_stats():
     per_pos = sum(value("speculative_tokens_accepted_per_position_total", f',position="{i}"') for i in range(3)
                   if f'position="{i}"' in body)
     assert per_pos == sum(s.accepted for s in out.stats)
-    assert value("speculative_current_k") == 3
+    assert value("speculative_current_k") == out.stats[0].ks[-1]  # the last step's K (clipped to the budget)
     assert "speculative_draft_latency_seconds_bucket" in body and "speculative_verify_latency_seconds_count" in body
 
 
@@ -228,13 +235,13 @@ def test_bad_inputs():
         eng.generate(torch.empty(1, 0, dtype=torch.int64), 3)
     with pytest.raises(ValueError, match="empty prompt"):
         eng.generate(torch.tensor([[1, 2]]), 3, attention_mask=torch.tensor([[0, 0]]))
-    with pytest.raises(ValueError, match="temperature must be finite and >= 0"):
+    with pytest.raises(ValueError, match="temperature must be 0 \\(greedy\\) or positive"):
         eng.generate(torch.tensor([[1]]), 3, temperature=-1.0)
-    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0"):
+    with pytest.raises(ValueError, match="max_new_tokens must be an int in \\[0, inf\\]"):
         eng.generate(torch.tensor([[1]]), -1)
     with pytest.raises(ValueError, match="outside \\[0, 6\\)"):
         eng.generate(torch.tensor([[7]]), 3)
-    with pytest.raises(ValueError, match="k must be an int >= 0"):
+    with pytest.raises(ValueError, match="k must be an int in \\[0, inf\\]"):
         SpeculativeEngine(BigramModel(t), BigramModel(t), k=-1)
     with pytest.raises(ValueError, match="draft vocabulary \\(7\\) differs"):
         SpeculativeEngine(BigramModel(t), BigramModel(torch.zeros(7, 7)))
@@ -242,7 +249,7 @@ def test_bad_inputs():
         SpeculativeEngine(BigramModel(t), BigramModel(t, device="meta"))
     small = BigramModel(t)
     small.max_positions = 10
-    with pytest.raises(ValueError, match="exceeds the target model's capacity of 10"):
-        SpeculativeEngine(small, BigramModel(t), k=2).generate(torch.tensor([[1, 2, 3]]), 5)
-    with pytest.raises(ValueError, match="adaptive policy"):
+    with pytest.raises(specdec_ext.CacheFullError, match="target model: .* 11 positions exceed its capacity of 10"):
+        SpeculativeEngine(small, BigramModel(t), k=2).generate(torch.tensor([[1, 2, 3]]), 9)
+    with pytest.raises(ValueError, match="adaptive_k must be"):
         SpeculativeEngine(BigramModel(t), BigramModel(t), adaptive_k="sometimes")

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import ragged_prompts
+import specdec_ext
 from specdec_ext import SpeculativeEngine
 from specdec_ext.models import LlamaModel, LlamaSpecModel
 
@@ -79,5 +80,6 @@ def test_caches_equal_a_fresh_prefill_reference_model(hf_pair, cache):
 def test_capacity_error_reference_model(hf_pair):
     target, draft = hf_pair
     eng = SpeculativeEngine(_ours(target, "contiguous"), _ours(draft, "contiguous"), k=5)
-    with pytest.raises(ValueError, match="exceeds the target model's capacity of 256"):
-        eng.generate(torch.tensor([[1, 2, 3]]), 250)
+    with pytest.raises(specdec_ext.CacheFullError, match="target model: .* exceed its capacity of 256"):
+        eng.generate(torch.tensor([[1, 2, 3]]), 255)
+    eng.generate(torch.tensor([[1, 2, 3]]), 254)  # 3 + 254 - 1 = 256 positions: served (K clipped at the end)

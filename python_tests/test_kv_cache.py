@@ -328,9 +328,9 @@ def test_kvcache_overflow_refused_unchanged(device):
     cache.rollback(7, torch.tensor([7, 4, 7]))  # lengths 7, 4, 7
     snap = (cache.key_cache.clone(), cache.value_cache.clone(), cache.lengths.clone())
     new = torch.full((B, H, 4, D), 2.0, dtype=torch.bfloat16, device=device)
-    with pytest.raises(ValueError, match=r"rows \[0, 2\].*max_len=10"):
+    with pytest.raises(specdec_ext.CacheFullError, match=r"rows \[0, 2\].*max_len=10"):
         cache.append(1, new, new)
-    with pytest.raises(ValueError, match="max_len=10"):
+    with pytest.raises(specdec_ext.CacheFullError, match="max_len=10"):
         cache.advance(4)
     assert torch.equal(cache.key_cache, snap[0]) and torch.equal(cache.value_cache, snap[1])
     assert torch.equal(cache.lengths, snap[2])
@@ -364,7 +364,7 @@ def test_kvcache_rollback_refused_unchanged(device):
 def test_kvcache_arguments_and_reset():
     with pytest.raises(ValueError, match="max_len"):
         KVCache(1, 1, 1, 4, 0, torch.float16, "cpu")
-    with pytest.raises(ValueError, match="dtype"):
+    with pytest.raises(TypeError, match="dtype"):
         KVCache(1, 1, 1, 4, 8, torch.int8, "cpu")
     cache = KVCache(2, 2, 1, 4, 8, torch.float16, "cpu")
     x = torch.ones(2, 1, 2, 4, dtype=torch.float16)

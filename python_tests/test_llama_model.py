@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+import specdec_ext
 from specdec_ext.models import LlamaConfig, LlamaModel, LlamaSpecModel
 
 from conftest import CUDA
@@ -293,7 +294,7 @@ def test_spec_model_protocol(device):
     assert lengths.dtype == torch.int64 and lengths.shape == (2,) and lengths.device == model.device
     out = spec.forward(torch.zeros(2, 5, dtype=torch.int64, device=device))
     assert out.shape == (2, 5, V) and out.dtype == torch.float32
-    with pytest.raises(ValueError, match="max_len=8"):
+    with pytest.raises(specdec_ext.CacheFullError, match="max_len=8"):
         spec.forward(torch.zeros(2, 4, dtype=torch.int64, device=device))
     assert spec.lengths.tolist() == [5, 5]
     spec.rollback(5, torch.tensor([2, 5], device=device))
@@ -307,7 +308,7 @@ def test_spec_model_protocol(device):
     paged = LlamaSpecModel(model, "paged", block_size=2)
     paged.reset(2, 8)
     paged.forward(torch.zeros(2, 5, dtype=torch.int64, device=device))
-    with pytest.raises(ValueError, match="max_len=8"):
+    with pytest.raises(specdec_ext.CacheFullError, match="max_len=8"):
         paged.forward(torch.zeros(2, 4, dtype=torch.int64, device=device))
     with pytest.raises(ValueError, match="num_kept"):
         paged.rollback(5, torch.tensor([6, 5], device=device))

@@ -224,10 +224,10 @@ BAD_VERIFY = [
     (lambda L, D, Q: (L, D, Q[:, :2]), {}, "draft_probs has K = 2"),
     (lambda L, D, Q: (L, D, Q[..., :10]), {}, "draft_probs has vocabulary size 10"),
     (lambda L, D, Q: (L, D, Q[0]), {}, "draft_probs must be \\[B, K, V\\]"),
-    (lambda L, D, Q: (L.double(), D, Q), {}, "target_logits must be float32, float16 or bfloat16"),
+    (lambda L, D, Q: (L.to(torch.int32), D, Q), {}, "target_logits must be float32, float16 or bfloat16"),
     (lambda L, D, Q: (L, D.float(), Q), {}, "draft_token_ids must be int64 or int32"),
-    (lambda L, D, Q: (L, D, Q.double()), {}, "draft_probs must be float32, float16 or bfloat16"),
-    (lambda L, D, Q: (L, D, Q), {"temperature": -0.5}, "temperature must be >= 0"),
+    (lambda L, D, Q: (L, D, Q.to(torch.int32)), {}, "draft_probs must be float32, float16 or bfloat16"),
+    (lambda L, D, Q: (L, D, Q), {"temperature": -0.5}, "temperature must be 0 \\(greedy\\) or a positive"),
     (lambda L, D, Q: (L, D, Q), {"temperature": torch.ones(3)}, "temperature must be a float or a tensor of shape"),
     (lambda L, D, Q: (L, D, Q), {"seed": torch.ones(3, dtype=torch.int64)}, "seed must be an int or a tensor of shape"),
     (lambda L, D, Q: (L, D, Q), {"offset": torch.ones(8)}, "offset must be an int or an int64 tensor"),
@@ -246,12 +246,18 @@ def test_verify_bad_inputs(make, kwargs, msg):
 
 def test_bad_seed_types():
     L, D, Q = _inputs(B=2, K=1, V=10)
-    with pytest.raises(TypeError, match="seed must be None, an int or an int64 tensor"):
+    with pytest.raises(TypeError, match="seed must be an int, got float"):
         specdec_ext.verify(L, D, Q, seed=1.5)
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
+    with pytest.raises(TypeError, match="offset must be an int, got NoneType"):
+        specdec_ext.verify(L, D, Q, offset=None)
+    with pytest.raises(TypeError, match="temperature must be a float"):
+        specdec_ext.sample(L[:, 0], "0.5")
+    with pytest.raises(ValueError, match="temperature must be 0 \\(greedy\\) or a positive finite"):
         specdec_ext.sample(L[:, 0], float("nan"))
-    with pytest.raises(ValueError, match="temperature must be >= 0 \\(0 = greedy\\) and finite"):
+    with pytest.raises(ValueError, match="temperature must be 0 \\(greedy\\) or a positive finite"):
         specdec_ext.verify(L, D, Q, float("inf"))
+    with pytest.raises(ValueError, match="its inverse overflows float32"):
+        specdec_ext.verify(L, D, Q, 1e-39)
     with pytest.raises(RuntimeError, match="temperature must be >= 0 \\(0 = greedy\\), finite and with a finite inverse"):
         torch.ops.specdec.sample(L[:, 0], torch.tensor(1e-45), torch.tensor(1), torch.tensor(0), None)
 

@@ -1,27 +1,28 @@
 """specdec_ext: fast, exact speculative decoding ops for PyTorch.
 
-Ops (``torch.ops.specdec.*``, CPU and CUDA kernels, fake kernels for torch.compile)
-with Python wrappers that document every shape:
+Layers, bottom up (each package documents its modules):
 
-- :func:`verify`  fused chain verification of K drafts from the target's logits
-- :func:`sample`  fused draft-step sampler (temperature softmax + one draw)
-- :func:`kv_append_`, :func:`kv_rollback_`, :class:`KVCache`  contiguous KV cache
-- :func:`paged_kv_append_`, :func:`paged_kv_gather`, :class:`BlockManager`,
-  :class:`PagedKVCache`  paged KV cache
-- :func:`spec_attention_mask`, :func:`spec_attention_mask_bool`  masks for the new tokens
-- :class:`SpeculativeEngine`  draft -> verify -> rollback loop, adaptive K, :class:`SpecDecMetrics`
+- :mod:`specdec_ext.ops`     the ``torch.ops.specdec.*`` custom ops: wrappers + fake kernels
+  (:func:`verify`, :func:`sample`, :func:`kv_append_`, :func:`kv_rollback_`,
+  :func:`paged_kv_append_`, :func:`paged_kv_gather`)
+- :mod:`specdec_ext.cache`   :class:`KVCache`, :class:`BlockManager`, :class:`PagedKVCache`,
+  :func:`spec_attention_mask`, :func:`spec_attention_mask_bool`
+- :mod:`specdec_ext.models`  the model protocol (:class:`~specdec_ext.models.SpecModel`),
+  the reference Llama decoder, the Hugging Face wrapper
+- :mod:`specdec_ext.engine`  :class:`SpeculativeEngine` (draft -> score -> verify -> commit
+  -> rollback, adaptive K), :class:`SpecDecMetrics`
+- :mod:`specdec_ext.errors`  the error policy and the package's exception classes
+- ``python -m specdec_ext.generate`` (CLI), ``python -m specdec_ext.bench`` (benchmarks),
+  :mod:`specdec_ext.bundled` (the bundled model pair)
 """
 import torch  # noqa: F401  (must come first: _C links against libtorch)
 
 from . import _C  # noqa: F401  (loads the library: registers torch.ops.specdec.*)
-from . import _fake  # noqa: F401  (fake kernels for torch.compile)
-from .sampling import VerifyResult, sample, verify
-from .attention_mask import spec_attention_mask, spec_attention_mask_bool
-from .kv_cache import KVCache, kv_append_, kv_rollback_
-from .metrics import SpecDecMetrics
-from .engine import GenerationOutput, RowStats, SpeculativeEngine
-from .paged_kv_cache import (Allocation, BlockManager, OutOfBlocksError, PagedKVCache, paged_kv_append_,
-                             paged_kv_gather)
+from .cache import (Allocation, BlockManager, KVCache, PagedKVCache, spec_attention_mask,
+                    spec_attention_mask_bool)
+from .engine import GenerationOutput, RowStats, SpecDecMetrics, SpeculativeEngine
+from .errors import CacheFullError, DeviceFlagError, ModelOutputError, OutOfBlocksError, SpecDecError
+from .ops import VerifyResult, kv_append_, kv_rollback_, paged_kv_append_, paged_kv_gather, sample, verify
 
 __version__ = "0.1.0"
 
@@ -31,7 +32,8 @@ def has_cuda_kernels() -> bool:
     return bool(_C.CUDA_KERNELS)
 
 
-__all__ = ["GenerationOutput", "RowStats", "SpecDecMetrics", "SpeculativeEngine", "VerifyResult", "has_cuda_kernels", "sample", "verify",
-           "Allocation", "BlockManager", "KVCache", "OutOfBlocksError", "PagedKVCache", "kv_append_",
-           "kv_rollback_", "paged_kv_append_", "paged_kv_gather", "spec_attention_mask",
-           "spec_attention_mask_bool"]
+__all__ = ["Allocation", "BlockManager", "CacheFullError", "DeviceFlagError", "GenerationOutput", "KVCache",
+           "ModelOutputError", "OutOfBlocksError", "PagedKVCache", "RowStats", "SpecDecError", "SpecDecMetrics",
+           "SpeculativeEngine", "VerifyResult", "has_cuda_kernels", "kv_append_", "kv_rollback_",
+           "paged_kv_append_", "paged_kv_gather", "sample", "spec_attention_mask", "spec_attention_mask_bool",
+           "verify"]

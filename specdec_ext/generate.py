@@ -20,7 +20,7 @@ import time
 import torch
 
 from .engine import SpeculativeEngine
-from .metrics import SpecDecMetrics
+from .engine import SpecDecMetrics
 
 
 def load_model(path: str, device: str, dtype: torch.dtype, hf: bool):

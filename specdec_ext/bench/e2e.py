@@ -23,7 +23,7 @@ import time
 import torch
 
 from .. import bundled
-from ..adaptive_k import predicted_speedup
+from ..engine.adaptive_k import predicted_speedup
 from ..engine import SpeculativeEngine
 
 PROMPTS = [
@@ -66,11 +66,11 @@ def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0)
         out = eng.generate(ids, max_new, temperature=temperature, seed=seed, attention_mask=mask)
         elapsed += time.perf_counter() - t0
         tokens += sum(len(g) for g in out.generated)
-        steps += out.phase_s["steps"]
+        steps += out.steps
         accepted += sum(s.accepted for s in out.stats)
         rejections += sum(s.rejections for s in out.stats)
-        draft_s += out.phase_s["draft"]
-        draft_steps += out.phase_s["draft_steps"]
+        draft_s += out.phase_s.draft
+        draft_steps += out.draft_steps
     tested = accepted + rejections
     return dict(tokens=tokens, seconds=elapsed, tok_s=tokens / elapsed,
                 alpha=accepted / tested if tested else None,
@@ -145,28 +145,6 @@ def print_row(r):
           f"{r['speedup']:>6.2f}x {f(r['cost_ratio'], '.2f'):>5} {f(r['predicted'], '.2f'):>8}x", flush=True)
 
 
-def check_targets(rows):
-    out = []
-    for dev in sorted({r["device"] for r in rows}):
-        for T in sorted({r["temperature"] for r in rows}):
-            eng = [r for r in rows if r["device"] == dev and r["batch"] == 1 and r["temperature"] == T
-                   and r["method"] == "engine" and r.get("predicted")]
-            if eng:
-                best = max(eng, key=lambda r: r["speedup"])
-                ok = best["speedup"] >= 0.9 * best["predicted"]
-                out.append((f"{dev} T={T} B=1: measured speedup >= 90% of predicted at the best K (K={best['k']})",
-                            ok, f"{best['speedup']:.2f}x vs {best['predicted']:.2f}x"))
-                hf = [r for r in rows if r["device"] == dev and r["batch"] == 1 and r["temperature"] == T
-                      and r["method"] == "HF assisted" and "tok_s" in r]
-                if hf:
-                    ok = best["tok_s"] >= 1.5 * hf[0]["tok_s"]
-                    out.append((f"{dev} T={T} B=1: engine >= 1.5x HF assisted generation tokens/s", ok,
-                                f"{best['tok_s']:.0f} vs {hf[0]['tok_s']:.0f} tok/s"))
-    for name, ok, val in out:
-        print(f"target {'MET    ' if ok else 'NOT MET'} {name}: {val}")
-    return [dict(target=n, met=ok, value=v) for n, ok, v in out]
-
-
 def plot(rows, path):
     import matplotlib
 
@@ -220,10 +198,9 @@ def main(argv):
     for d in devices:
         bench_device(d, args, rows, bar)
     bar.close()
-    targets = check_targets(rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(rows=rows, targets=targets, torch=torch.__version__), f, indent=1)
+            json.dump(dict(rows=rows, torch=torch.__version__), f, indent=1)
     if args.plot:
         plot(rows, args.plot)
     return 0

@@ -3,7 +3,7 @@
 Importing this package needs neither ``transformers`` nor ``safetensors``: loading a
 safetensors checkpoint imports ``safetensors`` lazily.
 """
-from .base import SpecModel
+from .base import SpecModel, adapt
 from .llama import LlamaConfig, LlamaModel, LlamaSpecModel
 
-__all__ = ["LlamaConfig", "LlamaModel", "LlamaSpecModel", "SpecModel"]
+__all__ = ["LlamaConfig", "LlamaModel", "LlamaSpecModel", "SpecModel", "adapt"]

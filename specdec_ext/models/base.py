@@ -1,11 +1,12 @@
-"""The model protocol the speculative engine drives.
+"""The model protocol the speculative engine drives, and :func:`adapt`.
 
 A :class:`SpecModel` is a causal LM that owns a per-row KV cache. The engine only ever
-(1) resets it for a batch, (2) feeds S new tokens per row and reads their logits, and
-(3) rolls rows back on the device. Rows may hold different numbers of tokens (ragged
-prompts, different acceptance counts): the model keeps one length per row.
+(1) resets it for a batch and checks that the rows will fit, (2) feeds S new tokens per
+row and reads their logits, and (3) rolls rows back on the device. Rows may hold
+different numbers of tokens (ragged prompts, different acceptance counts): the model
+keeps one length per row.
 
-Wrappers shipped with the package:
+Wrappers shipped with the package (``adapt`` picks one for a raw model):
 
 - :class:`specdec_ext.models.llama.LlamaSpecModel`: the package's reference Llama decoder
   (contiguous or paged cache, built on ``kv_append_`` / ``spec_attention_mask`` / SDPA);
@@ -15,8 +16,11 @@ Wrappers shipped with the package:
 from __future__ import annotations
 
 import abc
+from typing import Optional, Sequence
 
 import torch
+
+__all__ = ["SpecModel", "adapt"]
 
 
 class SpecModel(abc.ABC):
@@ -24,32 +28,54 @@ class SpecModel(abc.ABC):
 
     #: vocabulary size V of the logits
     vocab_size: int
-    #: device of inputs, logits and lengths
+    #: device of inputs and logits
     device: torch.device
+    #: the most positions a row may hold (e.g. config.max_position_embeddings), None = no limit
+    max_positions: Optional[int] = None
+    #: a number proportional to the cost of one forward step (e.g. the parameter count), used
+    #: by adaptive K for a deterministic cost ratio when a run is seeded; None = unknown
+    step_cost_hint: Optional[float] = None
 
     @abc.abstractmethod
     def reset(self, batch_size: int, max_len: int) -> None:
         """Start a new batch: B rows, each holding up to ``max_len`` tokens, all empty."""
 
+    def reserve(self, row_lengths: Sequence[int]) -> None:
+        """Check, before anything runs, that row b can reach ``row_lengths[b]`` tokens; raise
+        :class:`~specdec_ext.errors.CacheFullError` or
+        :class:`~specdec_ext.errors.OutOfBlocksError` if not. Default: nothing to check."""
+
     @abc.abstractmethod
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Process S new tokens per row and return their logits.
 
-        input_ids : Tensor [B, S] int64 on ``device``; row b's tokens take positions
-            ``lengths[b] .. lengths[b] + S - 1`` (RoPE positions and cache slots), attend to
-            the row's cache plus themselves causally, are appended to the cache, and
-            ``lengths`` advances by S.
+        input_ids : Tensor [B, S] int64 on ``device``, ids in [0, V); row b's tokens take
+            positions ``length[b] .. length[b] + S - 1`` (RoPE positions and cache slots),
+            attend to the row's cache plus themselves causally, and are appended to the
+            cache (each row's length advances by S).
         returns   : Tensor [B, S, V] float32 | float16 | bfloat16 | float64 logits
         """
 
     @abc.abstractmethod
     def rollback(self, num_appended: int, num_kept: torch.Tensor) -> None:
-        """Drop rejected entries: ``lengths[b] -= num_appended - num_kept[b]``.
+        """Drop rejected entries: ``length[b] -= num_appended - num_kept[b]``.
 
         num_kept : Tensor [B] int64 (device or CPU), each in [0, num_appended]
         """
 
-    @property
-    @abc.abstractmethod
-    def lengths(self) -> torch.Tensor:
-        """Tensor [B] int64: tokens currently held per row."""
+
+def adapt(model) -> SpecModel:
+    """A SpecModel as is; a :class:`specdec_ext.models.llama.LlamaModel` wrapped by
+    ``LlamaSpecModel``; a Hugging Face ``PreTrainedModel`` wrapped by ``HFSpecModel``."""
+    if isinstance(model, SpecModel):
+        return model
+    from .llama import LlamaModel, LlamaSpecModel
+
+    if isinstance(model, LlamaModel):
+        return LlamaSpecModel(model)
+    if hasattr(model, "config") and hasattr(model, "generate"):
+        from .hf import HFSpecModel
+
+        return HFSpecModel(model)
+    raise TypeError(f"target/draft must be a SpecModel, a specdec_ext LlamaModel or a transformers "
+                    f"PreTrainedModel, got {type(model).__name__}")

@@ -13,6 +13,7 @@ from typing import List
 
 import torch
 
+from ..errors import CacheFullError
 from .base import SpecModel
 
 
@@ -33,6 +34,7 @@ class HFSpecModel(SpecModel):
         self.vocab_size = int(model.config.vocab_size)
         self.device = next(model.parameters()).device
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        self.step_cost_hint = float(sum(p.numel() for p in model.parameters()))
         self._caches: List = []
         # newer transformers call the cache argument `cache`, older `past_key_values`
         params = inspect.signature(model.forward).parameters
@@ -43,7 +45,8 @@ class HFSpecModel(SpecModel):
         from transformers import DynamicCache
 
         if self.max_positions is not None and max_len > self.max_positions:
-            raise ValueError(f"max_len {max_len} exceeds the model's max_position_embeddings {self.max_positions}")
+            raise CacheFullError(f"max_len {max_len} exceeds the model's max_position_embeddings "
+                                 f"{self.max_positions}")
         try:
             self._caches = [DynamicCache(config=self.model.config) for _ in range(batch_size)]
         except TypeError:  # older transformers

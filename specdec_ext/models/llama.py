@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -429,6 +429,16 @@ class LlamaSpecModel(SpecModel):
         else:
             self.cache = self.model.new_cache(batch_size, max_len)
 
+    @property
+    def step_cost_hint(self) -> float:
+        """The parameter count (a deterministic stand-in for the cost of a step)."""
+        return float(sum(p.numel() for p in self.model.parameters()))
+
+    def reserve(self, row_lengths: Sequence[int]) -> None:
+        """Raise ``OutOfBlocksError`` (paged cache) before anything runs when the block pool
+        cannot hold every row at ``row_lengths[b]`` tokens at once."""
+        self._cache().reserve(row_lengths)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [B, S] int64 -> logits [B, S, V] of the model dtype; appends and advances."""
         return self.model(input_ids, self._cache())
@@ -439,7 +449,7 @@ class LlamaSpecModel(SpecModel):
 
     @property
     def lengths(self) -> torch.Tensor:
-        """Tensor [B] int64 on ``device``."""
+        """Tensor [B] int64 on ``device``: tokens each row holds."""
         return self._cache().lengths
 
     def _cache(self) -> LlamaCache:

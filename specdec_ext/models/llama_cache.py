@@ -25,9 +25,9 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..attention_mask import spec_attention_mask
-from ..kv_cache import KVCache
-from ..paged_kv_cache import PagedKVCache
+from ..cache import KVCache, PagedKVCache, spec_attention_mask
+from ..cache.block_manager import ceil_div
+from ..errors import CacheFullError, OutOfBlocksError
 
 __all__ = ["ContiguousLlamaCache", "PagedLlamaCache", "LlamaCacheStep"]
 
@@ -117,6 +117,13 @@ class ContiguousLlamaCache:
     def finish(self, step: LlamaCacheStep) -> None:
         self.kv.advance(step.num_tokens)
 
+    def reserve(self, row_lengths: Sequence[int]) -> None:
+        """Raise ``CacheFullError`` if a row would need more than ``max_len`` positions."""
+        over = [b for b, n in enumerate(row_lengths) if n > self.max_len]
+        if over:
+            raise CacheFullError(f"rows {over} need {[row_lengths[b] for b in over]} positions but the cache "
+                                 f"holds max_len={self.max_len}")
+
     def rollback(self, num_appended: int, num_kept: Union[torch.Tensor, Sequence[int], int]) -> None:
         """lengths[b] -= num_appended - num_kept[b]. A device ``num_kept`` causes no host sync
         (invalid rows are flagged in ``kv.errors``, see :meth:`KVCache.check`); a host one is
@@ -166,11 +173,22 @@ class PagedLlamaCache:
             self.paged.rollback(seq, 0)
         self._sync_lengths()
 
+    def reserve(self, row_lengths: Sequence[int]) -> None:
+        """Raise ``OutOfBlocksError`` if the block pool cannot hold every row at
+        ``row_lengths[b]`` tokens at once (or a row exceeds ``max_len``)."""
+        if any(n > self.max_len for n in row_lengths):
+            raise CacheFullError(f"a row needs {max(row_lengths)} positions but the cache holds max_len={self.max_len}")
+        need = sum(ceil_div(n, self.paged.block_size) for n in row_lengths)
+        if need > self.paged.num_blocks:
+            raise OutOfBlocksError(f"the request needs {need} KV-cache blocks of {self.paged.block_size} tokens "
+                                   f"(rows reaching {list(row_lengths)} tokens) but the pool has "
+                                   f"{self.paged.num_blocks}")
+
     def begin(self, num_tokens: int) -> LlamaCacheStep:
         past = [self.paged.length(s) for s in self.seqs]
         over = [b for b, n in enumerate(past) if n + num_tokens > self.max_len]
         if over:
-            raise ValueError(f"PagedLlamaCache: rows {over} hold {[past[b] for b in over]} tokens; "
+            raise CacheFullError(f"PagedLlamaCache: rows {over} hold {[past[b] for b in over]} tokens; "
                              f"{num_tokens} more would exceed max_len={self.max_len} (refused; nothing changed)")
         # Reserve the slots now (all rows or none: OutOfBlocksError changes nothing).
         slots = self.paged.allocate(self.seqs, num_tokens)

@@ -93,6 +93,15 @@ class StepCosts:
         return self.draft_t
 
 
+def hinted_costs(target_hint: Optional[float], draft_hint: Optional[float]) -> Optional["StepCosts"]:
+    """A frozen cost model from the models' step-cost hints (parameter counts): c = draft /
+    target. Deterministic, so a seeded run makes the same K decisions every time; None when
+    either hint is unknown."""
+    if not target_hint or not draft_hint or target_hint <= 0 or draft_hint <= 0:
+        return None
+    return StepCosts(draft_guess=draft_hint / target_hint, target_guess=1.0, frozen=True)
+
+
 class FixedK:
     """Always the same K."""
 
@@ -160,4 +169,4 @@ def make_policy(kind: str, k: int, k_max: Optional[int] = None):
 
 
 __all__: List[str] = ["AcceptanceEstimator", "CostModelPolicy", "FixedK", "StepCosts", "ThresholdPolicy",
-                      "expected_tokens", "make_policy", "predicted_speedup"]
+                      "expected_tokens", "hinted_costs", "make_policy", "predicted_speedup"]

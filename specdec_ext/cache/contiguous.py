@@ -1,5 +1,5 @@
-"""Contiguous KV cache for speculative decoding: the ``kv_append_`` / ``kv_rollback_`` ops
-and :class:`KVCache`, which owns every layer's keys and values.
+"""Contiguous KV cache for speculative decoding: :class:`KVCache` owns every layer's keys
+and values and drives the ``kv_append_`` / ``kv_rollback_`` ops (:mod:`specdec_ext.ops.kv`).
 
 Layout (per layer, the one SDPA reads): ``[B, H, max_len, D]``. A step of speculative
 decoding appends S = K+1 tokens per row to every layer, advances the lengths, then rolls
@@ -11,75 +11,12 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..errors import CacheFullError, DeviceFlagError
+from .._validate import check_int
+from ..ops.kv import kv_append_, kv_rollback_
 from .attention_mask import spec_attention_mask
 
-__all__ = ["KVCache", "kv_append_", "kv_rollback_"]
-
-
-def kv_append_(
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    new_k: torch.Tensor,
-    new_v: torch.Tensor,
-    lengths: torch.Tensor,
-    *,
-    overflow: Optional[torch.Tensor] = None,
-) -> None:
-    """Write each row's S new keys / values at positions ``lengths[b] .. lengths[b]+S-1``.
-
-    One kernel launch for the batch (keys and values together). ``lengths`` is NOT advanced.
-
-    Parameters
-    ----------
-    key_cache, value_cache : Tensor [B, H, max_len, D] float32 | float16 | bfloat16
-        Written in place. Any strides with a contiguous head dim (a per-layer slice of a
-        bigger tensor is fine).
-    new_k, new_v : Tensor [B, H, S, D], the cache's dtype and device
-        Any strides (e.g. ``k.view(B, S, H, D).transpose(1, 2)``). Never converted: a dtype
-        mismatch is an error (cast with ``new_k.to(key_cache.dtype)``).
-    lengths : Tensor [B] int32 | int64 on the cache's device
-        Tokens already in each row.
-    overflow : Tensor [B] bool on the cache's device, optional
-        Sticky overflow flags. A row with ``lengths[b] < 0`` or ``lengths[b] + S > max_len``
-        would write out of bounds:
-
-        - CPU: the op raises ``RuntimeError`` before writing anything (flags untouched);
-        - CUDA: nothing is written for that row, the other rows are written, and
-          ``overflow[b]`` is set to True (never cleared by the op), so one check after many
-          steps (``overflow.any().item()``) finds it with no sync per step. Without
-          ``overflow`` such a row is skipped silently.
-    """
-    torch.ops.specdec.kv_append_(key_cache, value_cache, new_k, new_v, lengths, overflow)
-
-
-def kv_rollback_(
-    lengths: torch.Tensor,
-    num_appended: int,
-    num_kept: Union[torch.Tensor, int],
-    *,
-    invalid: Optional[torch.Tensor] = None,
-) -> None:
-    """``lengths[b] -= num_appended - num_kept[b]`` in place, on the device (no host sync).
-
-    Parameters
-    ----------
-    lengths : Tensor [B] int32 | int64
-        Lengths after the append of ``num_appended`` tokens.
-    num_appended : int >= 0
-        Tokens appended per row this step (S = K+1).
-    num_kept : Tensor [B] int32 | int64 on lengths' device, or int
-        Tokens of this step each row keeps, in [0, num_appended] (e.g. ``num_accepted + 1``).
-    invalid : Tensor [B] bool on lengths' device, optional
-        Sticky error flags. A row with num_kept outside [0, num_appended] (rolling forward)
-        or whose length would become negative is invalid:
-
-        - CPU: the op raises ``RuntimeError`` before writing anything (flags untouched);
-        - CUDA: that row's length is left unchanged, the other rows are rolled back, and
-          ``invalid[b]`` is set to True (never cleared by the op).
-    """
-    if not isinstance(num_kept, torch.Tensor):
-        num_kept = torch.full(lengths.shape, int(num_kept), dtype=torch.int64, device=lengths.device)
-    torch.ops.specdec.kv_rollback_(lengths, int(num_appended), num_kept, invalid)
+__all__ = ["KVCache"]
 
 
 class KVCache:
@@ -103,7 +40,8 @@ class KVCache:
         cache.rollback(S, num_accepted + 1)                # keep the accepted prefix, no sync
 
     Capacity is checked on the host before anything is written: an append / advance that
-    would take a row past ``max_len`` raises ``ValueError`` and changes nothing. The host
+    would take a row past ``max_len`` raises :class:`~specdec_ext.errors.CacheFullError` and
+    changes nothing. The host
     mirror is exact after an append / advance / rollback with host ``num_kept``; after a
     rollback with a device ``num_kept`` it is an upper bound (lengths only shrink) refreshed
     without blocking when the device copy has landed, and synchronously only when the upper
@@ -121,15 +59,13 @@ class KVCache:
         device: Union[str, torch.device] = "cpu",
         lengths_dtype: torch.dtype = torch.int64,
     ) -> None:
-        for name, value, low in (("num_layers", num_layers, 1), ("batch_size", batch_size, 1),
-                                 ("num_kv_heads", num_kv_heads, 1), ("head_dim", head_dim, 1),
-                                 ("max_len", max_len, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        for name, value in (("num_layers", num_layers), ("batch_size", batch_size),
+                            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("max_len", max_len)):
+            check_int(name, value, 1)
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise ValueError(f"dtype must be torch.float32, float16 or bfloat16, got {dtype}")
+            raise TypeError(f"dtype must be torch.float32, float16 or bfloat16, got {dtype}")
         if lengths_dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"lengths_dtype must be torch.int32 or torch.int64, got {lengths_dtype}")
+            raise TypeError(f"lengths_dtype must be torch.int32 or torch.int64, got {lengths_dtype}")
         self.num_layers, self.batch_size = num_layers, batch_size
         self.num_kv_heads, self.head_dim, self.max_len = num_kv_heads, head_dim, max_len
         self.dtype, self.device = dtype, torch.device(device)
@@ -153,8 +89,7 @@ class KVCache:
         self._check_layer(layer)
         if kv_len is None:
             kv_len = int(self._host.max()) if self.batch_size else 0
-        if not 0 <= kv_len <= self.max_len:
-            raise ValueError(f"kv_len must be in [0, max_len={self.max_len}], got {kv_len}")
+        check_int("kv_len", kv_len, 0, self.max_len)
         return self.key_cache[layer, :, :, :kv_len], self.value_cache[layer, :, :, :kv_len]
 
     def host_lengths(self) -> torch.Tensor:
@@ -176,21 +111,22 @@ class KVCache:
 
         Lengths are not advanced (every layer writes at the same positions; call
         :meth:`advance` once per step). Returns the views [B, H, max_length + S, D] that
-        attention reads. Raises ``ValueError`` (nothing written) when a row would overflow.
+        attention reads. Raises when a row would overflow:
+        :class:`~specdec_ext.errors.CacheFullError` (nothing written).
         """
         self._check_layer(layer)
         if new_k.dim() != 4:
             raise ValueError(f"new_k must be [B, H, S, D], got shape {tuple(new_k.shape)}")
         S = new_k.shape[2]
         self._check_capacity(S, "append")
-        torch.ops.specdec.kv_append_(self.key_cache[layer], self.value_cache[layer], new_k, new_v,
-                                     self.lengths, self.errors)
+        kv_append_(self.key_cache[layer], self.value_cache[layer], new_k, new_v, self.lengths,
+                   overflow=self.errors)
         return self.view(layer, int(self._host.max()) + S if self.batch_size else 0)
 
     def advance(self, num_tokens: int) -> None:
-        """lengths += num_tokens (after every layer appended them). Refused past max_len."""
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        """lengths += num_tokens (after every layer appended them). Refused past max_len
+        (:class:`~specdec_ext.errors.CacheFullError`)."""
+        num_tokens = check_int("num_tokens", num_tokens, 0)
         self._check_capacity(num_tokens, "advance")
         self.lengths.add_(num_tokens)
         self._host.add_(num_tokens)
@@ -206,16 +142,15 @@ class KVCache:
         causes no sync: the kernel skips and flags invalid rows in :attr:`errors` (see
         :meth:`check`), and the host mirror is refreshed asynchronously.
         """
-        if isinstance(num_appended, bool) or not isinstance(num_appended, int) or num_appended < 0:
-            raise ValueError(f"num_appended must be an int >= 0, got {num_appended!r}")
+        num_appended = check_int("num_appended", num_appended, 0)
         if not isinstance(num_kept, torch.Tensor):
-            if isinstance(num_kept, int):
+            if not isinstance(num_kept, (list, tuple)):
                 num_kept = [num_kept] * self.batch_size
-            num_kept = torch.tensor(list(num_kept), dtype=torch.int64)
+            num_kept = torch.tensor([check_int("num_kept", k) for k in num_kept], dtype=torch.int64)
         if num_kept.shape != (self.batch_size,):
             raise ValueError(f"num_kept must have shape [B] = [{self.batch_size}], got {tuple(num_kept.shape)}")
         if num_kept.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"num_kept must be int32 or int64, got {num_kept.dtype}")
+            raise TypeError(f"num_kept must be int32 or int64, got {num_kept.dtype}")
         if num_kept.device.type == "cpu":
             self._resolve(block=True)
             kept = num_kept.to(torch.int64)
@@ -234,12 +169,12 @@ class KVCache:
                 kept_dev = kept.pin_memory().to(self.device, non_blocking=True)
             else:
                 kept_dev = kept.to(self.device)
-            torch.ops.specdec.kv_rollback_(self.lengths, num_appended, kept_dev, self.errors)
+            kv_rollback_(self.lengths, num_appended, kept_dev, invalid=self.errors)
             self._host.copy_(new)
             return
         if num_kept.device != self.device:
             raise ValueError(f"num_kept is on {num_kept.device} but the cache is on {self.device}")
-        torch.ops.specdec.kv_rollback_(self.lengths, num_appended, num_kept, self.errors)
+        kv_rollback_(self.lengths, num_appended, num_kept, invalid=self.errors)
         # The host mirror stays an upper bound; fetch the exact lengths without blocking.
         snapshot = torch.empty(self.batch_size, dtype=self.lengths.dtype, pin_memory=True)
         snapshot.copy_(self.lengths, non_blocking=True)
@@ -252,9 +187,7 @@ class KVCache:
         Their stale keys / values stay (finite) until overwritten; their error flags clear."""
         self._resolve(block=True)
         idx = list(range(self.batch_size)) if rows is None else list(rows)
-        for r in idx:
-            if not 0 <= r < self.batch_size:
-                raise ValueError(f"row {r} out of range [0, {self.batch_size})")
+        idx = [check_int("rows[i]", r, 0, self.batch_size - 1) for r in idx]
         if not idx:
             return
         index = torch.tensor(idx, dtype=torch.int64)
@@ -264,16 +197,16 @@ class KVCache:
         self.errors.index_fill_(0, dev_index, False)
 
     def check(self) -> None:
-        """Raise ``RuntimeError`` if a device kernel flagged a row (one sync)."""
+        """Raise :class:`~specdec_ext.errors.DeviceFlagError` if a device kernel flagged a row
+        (one sync)."""
         if bool(self.errors.any()):
             rows = self.errors.nonzero().flatten().tolist()
-            raise RuntimeError(f"KVCache: rows {rows} had an overflowing append or an invalid rollback "
+            raise DeviceFlagError(f"KVCache: rows {rows} had an overflowing append or an invalid rollback "
                                "(skipped by the kernel)")
 
     # ---- internals ---------------------------------------------------------------
     def _check_layer(self, layer: int) -> None:
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
-            raise ValueError(f"layer must be an int in [0, {self.num_layers}), got {layer!r}")
+        check_int("layer", layer, 0, self.num_layers - 1)
 
     def _resolve(self, block: bool) -> None:
         if self._pending is None:
@@ -292,5 +225,5 @@ class KVCache:
         over = self._host + S > self.max_len
         if bool(over.any()):
             rows = over.nonzero().flatten().tolist()
-            raise ValueError(f"KVCache.{what}: rows {rows} hold {self._host[over].tolist()} tokens; "
+            raise CacheFullError(f"KVCache.{what}: rows {rows} hold {self._host[over].tolist()} tokens; "
                              f"{S} more would exceed max_len={self.max_len} (refused; nothing changed)")

@@ -1,15 +1,14 @@
-"""Python entry points of the fused sampling ops (thin wrappers over torch.ops.specdec)."""
+"""The fused sampling ops ``specdec::verify`` and ``specdec::sample``: Python wrappers
+(thin, over ``torch.ops.specdec``) and their fake kernels for torch.compile."""
 from __future__ import annotations
 
-import math
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional
 
 import torch
 
-Number = Union[int, float]
-IntOrTensor = Union[int, torch.Tensor, None]
+from ._args import IntOrTensor, Temperature, float_arg, int64_arg, seed_arg, temperature_arg
 
-_SEED_HIGH = 2**62
+__all__ = ["VerifyResult", "sample", "verify"]
 
 
 class VerifyResult(NamedTuple):
@@ -30,39 +29,14 @@ class VerifyResult(NamedTuple):
     valid: torch.Tensor
 
 
-def _temperature_arg(temperature) -> torch.Tensor:
-    if isinstance(temperature, torch.Tensor):
-        return temperature
-    temperature = float(temperature)
-    if not (temperature >= 0.0 and math.isfinite(temperature)):
-        raise ValueError(f"temperature must be >= 0 (0 = greedy) and finite, got {temperature}")
-    return torch.tensor(temperature, dtype=torch.float32)
-
-
-def _int_arg(value: IntOrTensor, name: str) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        return value
-    if value is None:
-        # Drawn from torch's default CPU generator: torch.manual_seed makes runs repeatable,
-        # and no device sync happens.
-        return torch.randint(0, _SEED_HIGH, (), dtype=torch.int64)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be None, an int or an int64 tensor, got {type(value).__name__}")
-    if not -(2**63) <= value < 2**64:
-        raise ValueError(f"{name} must fit in 64 bits, got {value}")
-    if value >= 2**63:
-        value -= 2**64
-    return torch.tensor(value, dtype=torch.int64)
-
-
 def verify(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
     draft_probs: Optional[torch.Tensor] = None,
-    temperature: Union[Number, torch.Tensor] = 1.0,
+    temperature: Temperature = 1.0,
     *,
-    seed: IntOrTensor = None,
-    offset: Union[int, torch.Tensor] = 0,
+    seed: Optional[IntOrTensor] = None,
+    offset: IntOrTensor = 0,
 ) -> VerifyResult:
     """Verify K drafted tokens per row against the target model, in one fused op.
 
@@ -73,11 +47,12 @@ def verify(
 
     Parameters
     ----------
-    target_logits : Tensor [B, K+1, V] float32 | float16 | bfloat16
+    target_logits : Tensor [B, K+1, V] float32 | float16 | bfloat16 (| float64)
         Target logits at the last committed token and the K drafts. Read natively,
-        math in float32. Any strides (a vocab dim with stride != 1 is copied).
+        math in float32 (the wrapper converts float64 to float32; the raw op refuses it).
+        Any strides (a vocab dim with stride != 1 is copied).
     draft_token_ids : Tensor [B, K] int64 | int32
-    draft_probs : Tensor [B, K, V] float32 | float16 | bfloat16, optional
+    draft_probs : Tensor [B, K, V] float32 | float16 | bfloat16 (| float64, converted), optional
         The distributions the drafts were sampled from (after the draft's
         temperature), e.g. from :func:`sample` with ``probs_out``. None means
         deterministic drafts (n-gram, greedy drafter): q is one-hot at the draft.
@@ -97,24 +72,24 @@ def verify(
     VerifyResult(tokens [B, K+1] int64, num_accepted [B] int64, valid [B] bool)
     """
     tokens, num_accepted, valid = torch.ops.specdec.verify(
-        target_logits, draft_token_ids, draft_probs, _temperature_arg(temperature),
-        _int_arg(seed, "seed"), _int_arg(offset, "offset"))
+        float_arg(target_logits), draft_token_ids, float_arg(draft_probs), temperature_arg(temperature),
+        seed_arg(seed), int64_arg(offset, "offset"))
     return VerifyResult(tokens, num_accepted, valid)
 
 
 def sample(
     logits: torch.Tensor,
-    temperature: Union[Number, torch.Tensor] = 1.0,
+    temperature: Temperature = 1.0,
     *,
-    seed: IntOrTensor = None,
-    offset: Union[int, torch.Tensor] = 0,
+    seed: Optional[IntOrTensor] = None,
+    offset: IntOrTensor = 0,
     probs_out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Draw one token per row from softmax(logits / temperature), in one fused op.
 
     Parameters
     ----------
-    logits : Tensor [B, V] float32 | float16 | bfloat16 (any row stride)
+    logits : Tensor [B, V] float32 | float16 | bfloat16 (any row stride; float64 converted)
     temperature : float or Tensor [B] float32; 0 = argmax (greedy)
     seed, offset : as in :func:`verify` (a separate random stream: the same seed in
         both ops gives independent numbers)
@@ -129,5 +104,22 @@ def sample(
     are all -inf, or whose tensor temperature is negative; its probs_out row is 0).
     """
     return torch.ops.specdec.sample(
-        logits, _temperature_arg(temperature), _int_arg(seed, "seed"), _int_arg(offset, "offset"),
-        probs_out)
+        float_arg(logits), temperature_arg(temperature), seed_arg(seed), int64_arg(offset, "offset"), probs_out)
+
+
+# ---- fake (meta) kernels: output shapes / dtypes for torch.compile tracing ----
+
+@torch.library.register_fake("specdec::verify")
+def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset):
+    torch._check(target_logits.dim() == 3, lambda: "target_logits must be [B, K+1, V]")
+    B, K1 = target_logits.shape[0], target_logits.shape[1]
+    tokens = target_logits.new_empty((B, K1), dtype=torch.int64)
+    num_accepted = target_logits.new_empty((B,), dtype=torch.int64)
+    valid = target_logits.new_empty((B,), dtype=torch.bool)
+    return tokens, num_accepted, valid
+
+
+@torch.library.register_fake("specdec::sample")
+def _sample_fake(logits, temperature, seed, offset, probs_out):
+    torch._check(logits.dim() == 2, lambda: "logits must be [B, V]")
+    return logits.new_empty((logits.shape[0],), dtype=torch.int64)

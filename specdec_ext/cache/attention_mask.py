@@ -8,6 +8,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from .._validate import check_int
+
 __all__ = ["spec_attention_mask", "spec_attention_mask_bool"]
 
 PastLens = Union[torch.Tensor, Sequence[int], int]
@@ -18,13 +20,14 @@ def _past_tensor(past_lens: PastLens, device) -> torch.Tensor:
         if past_lens.dim() != 1:
             raise ValueError(f"past_lens must be a [B] tensor, got shape {tuple(past_lens.shape)}")
         if past_lens.dtype.is_floating_point or past_lens.dtype.is_complex or past_lens.dtype == torch.bool:
-            raise ValueError(f"past_lens must be an integer tensor, got {past_lens.dtype}")
+            raise TypeError(f"past_lens must be an integer tensor, got {past_lens.dtype}")
         if device is not None and torch.device(device) != past_lens.device:
             past_lens = past_lens.to(device)
         return past_lens.to(torch.int64)
-    if isinstance(past_lens, int) and not isinstance(past_lens, bool):
+    if not isinstance(past_lens, (list, tuple)):
         past_lens = [past_lens]
-    return torch.tensor(list(past_lens), dtype=torch.int64, device=device)
+    return torch.tensor([check_int(f"past_lens[{i}]", n) for i, n in enumerate(past_lens)], dtype=torch.int64,
+                        device=device)
 
 
 def spec_attention_mask_bool(
@@ -55,9 +58,7 @@ def spec_attention_mask_bool(
     With equal ``past_lens >= 0`` and ``kv_len = past + q_len`` this equals
     ``torch.nn.attention.bias.causal_lower_right(q_len, kv_len)`` materialised.
     """
-    for name, value in (("q_len", q_len), ("kv_len", kv_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    q_len, kv_len = check_int("q_len", q_len, 0), check_int("kv_len", kv_len, 0)
     past = _past_tensor(past_lens, device)
     if past.device.type == "cpu" and past.numel() and int(past.max()) + q_len > kv_len:
         raise ValueError(f"kv_len={kv_len} is too short: a row with past length {int(past.max())} and "
@@ -85,7 +86,7 @@ def spec_attention_mask(
     produce NaN even when ``score + min`` rounds to -inf in half precision.
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
     allowed = spec_attention_mask_bool(past_lens, q_len, kv_len, device=device)
     zero = torch.zeros((), dtype=dtype, device=allowed.device)
     neg = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=allowed.device)

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""The project's speed targets, evaluated on benchmark JSON (the installed package only
+measures and prints figures; pass/fail lives here).
+
+    python -m specdec_ext.bench verify --json verify.json
+    python -m specdec_ext.bench e2e --json e2e.json
+    python benchmarks/check_targets.py verify.json e2e.json
+
+Prints one line per target (MET / NOT MET with the measured value); exits 0 either way
+(targets are goals to report, not tests).
+"""
+import json
+import sys
+
+
+def fmt_t(t):
+    return "-" if t is None else (f"{t * 1e6:.1f}us" if t < 1e-3 else f"{t * 1e3:.2f}ms")
+
+
+def verify_targets(rows):
+    """The issue's targets, evaluated on what was measured (not asserted)."""
+    out = []
+    for r in rows:
+        if r["device"] == "cpu" and (r["dtype"], r["B"], r["K"], r["V"]) == ("fp32", 8, 5, 128256):
+            out.append(("CPU B=8 K=5 V=128256 fp32: fused >= 10x plain PyTorch",
+                        r["torch_s"] / r["fused_s"] >= 10, f"{r['torch_s'] / r['fused_s']:.1f}x"))
+            if r["compile_s"]:
+                out.append(("CPU same shape: fused faster than torch.compile",
+                            r["compile_s"] > r["fused_s"], f"{r['compile_s'] / r['fused_s']:.1f}x"))
+        if r["device"] == "cuda" and (r["B"], r["K"], r["V"]) == (64, 5, 128256) and r["dtype"] == "fp32":
+            logits_gbps = r["B"] * 6 * r["V"] * 4 / r["fused_s"] / 1e9
+            out.append(("H200 B=64 K=5 V=128256: >= 80% of copy bandwidth (target logits read once)",
+                        logits_gbps >= 0.8 * r["copy_gbps"], f"{logits_gbps:.0f} of {r['copy_gbps']:.0f} GB/s"))
+        if r["device"] == "cuda" and r["B"] == 1 and (r["K"], r["V"]) == (5, 128256) and r["dtype"] == "fp32":
+            out.append(("GPU B=1: <= 15 us per call", r["fused_s"] <= 15e-6, fmt_t(r["fused_s"])))
+        if r["device"] == "cuda" and r["compile_s"] and (r["B"], r["K"], r["V"]) == (64, 5, 128256):
+            out.append((f"GPU {r['dtype']} B=64: >= 3x torch.compile", r["compile_s"] >= 3 * r["fused_s"],
+                        f"{r['compile_s'] / r['fused_s']:.1f}x"))
+    return out
+
+
+def e2e_targets(rows):
+    """The end-to-end targets (issues 8 and 10) on `bench e2e` rows."""
+    out = []
+    for dev in sorted({r["device"] for r in rows}):
+        for T in sorted({r["temperature"] for r in rows}):
+            eng = [r for r in rows if r["device"] == dev and r["batch"] == 1 and r["temperature"] == T
+                   and r["method"] == "engine" and r.get("predicted")]
+            if eng:
+                best = max(eng, key=lambda r: r["speedup"])
+                ok = best["speedup"] >= 0.9 * best["predicted"]
+                out.append((f"{dev} T={T} B=1: measured speedup >= 90% of predicted at the best K (K={best['k']})",
+                            ok, f"{best['speedup']:.2f}x vs {best['predicted']:.2f}x"))
+                hf = [r for r in rows if r["device"] == dev and r["batch"] == 1 and r["temperature"] == T
+                      and r["method"] == "HF assisted" and "tok_s" in r]
+                if hf:
+                    ok = best["tok_s"] >= 1.5 * hf[0]["tok_s"]
+                    out.append((f"{dev} T={T} B=1: engine >= 1.5x HF assisted generation tokens/s", ok,
+                                f"{best['tok_s']:.0f} vs {hf[0]['tok_s']:.0f} tok/s"))
+    return out
+
+
+def main(paths):
+    for path in paths:
+        with open(path) as f:
+            rows = json.load(f)["rows"]
+        kind = "e2e" if rows and "method" in rows[0] else "verify"
+        for name, ok, val in (e2e_targets if kind == "e2e" else verify_targets)(rows):
+            print(f"target {'MET    ' if ok else 'NOT MET'} {name}: {val}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,64 @@
+"""Committing a verified step, as a pure host function on plain lists (no tensors).
+
+For each active row, given verify's result (``num_accepted`` n and the tokens), decide what
+the row emits (cut at EOS and at ``max_new_tokens``), whether it is done, and how many of
+this step's cache entries each model keeps:
+
+- target: the step fed [last, d_1..d_K] (K+1 entries); a row that emits m tokens keeps
+  [last, d_1..d_(m-1)], i.e. m entries (the last emitted token has no KV yet and is fed
+  next step);
+- draft: the step fed the row's pending tokens then d_1..d_(K-1) (it never processes d_K);
+  it keeps its pending tokens plus the drafts that are now committed and processed,
+  ``min(m - 1, K - 1)``; the emitted tokens after those become its new pending tokens (one,
+  or two after a fully accepted step). With K = 0 the draft ran nothing and the emitted
+  token joins its pending list.
+A finished row keeps nothing of a step (it runs in the batch until all rows are done).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AbstractSet, List, Optional, Sequence
+
+__all__ = ["RowCommit", "commit_row", "commit_step"]
+
+
+@dataclass(frozen=True)
+class RowCommit:
+    """One row's share of a step."""
+
+    emitted: List[int]        # tokens the row emits this step (after the EOS / budget cut)
+    accepted: int             # drafts verify accepted (n, before any cut)
+    kept_target: int          # of the K+1 entries the target appended this step
+    kept_draft: int           # of the len(pending) + K - 1 entries the draft appended (K > 0)
+    draft_pending: List[int]  # tokens the draft has not processed yet, after this step
+    done: bool                # EOS emitted or max_new_tokens reached
+
+
+def commit_row(tokens: Sequence[int], num_accepted: int, k: int, draft_pending: Sequence[int],
+               num_generated: int, max_new_tokens: int, eos: AbstractSet[int]) -> RowCommit:
+    """The commit of one active row. ``tokens`` [K+1] from verify (accepted drafts, then the
+    correction / bonus token); ``num_generated``: tokens the row emitted before this step."""
+    emitted = list(tokens[:num_accepted + 1])[:max(0, max_new_tokens - num_generated)]
+    for i, t in enumerate(emitted):
+        if t in eos:
+            emitted = emitted[:i + 1]
+            break
+    m = len(emitted)
+    if k > 0:
+        in_draft_cache = min(m - 1, k - 1)
+        kept_draft, pending = len(draft_pending) + in_draft_cache, emitted[in_draft_cache:]
+    else:
+        kept_draft, pending = 0, list(draft_pending) + emitted
+    done = num_generated + m >= max_new_tokens or (m > 0 and emitted[-1] in eos)
+    return RowCommit(emitted, num_accepted, m, kept_draft, pending, done)
+
+
+def commit_step(rows: Sequence[Sequence[int]], k: int, active: Sequence[bool],
+                draft_pending: Sequence[Sequence[int]], num_generated: Sequence[int], max_new_tokens: int,
+                eos: AbstractSet[int]) -> List[Optional[RowCommit]]:
+    """:func:`commit_row` for every row; None for a finished (inactive) row.
+
+    rows[b] is the step's host copy of row b: tokens [K+1], then num_accepted.
+    """
+    return [commit_row(row[:k + 1], row[k + 1], k, draft_pending[b], num_generated[b], max_new_tokens, eos)
+            if active[b] else None for b, row in enumerate(rows)]

@@ -1,0 +1,223 @@
+"""The speculative decoding engine: draft -> score -> verify -> commit -> rollback, batched.
+
+One step (B rows, K drafts), each phase a function of :mod:`.phases`:
+
+1. draft:    the draft catches up on its pending tokens, then samples K tokens with
+             :func:`specdec_ext.sample` writing ``draft_probs[:, i]`` in place (no host sync);
+2. score:    one target forward over [last committed token, d_1..d_K];
+3. verify:   :func:`specdec_ext.verify` -> per-row accepted count and correction/bonus token;
+4. commit:   ONE device->host copy of the step's result, then the pure host function
+             :func:`.commit.commit_step` decides what each row emits (EOS / max_new_tokens
+             cuts) and how many cache entries each model keeps;
+5. rollback: both caches drop the rest on the device.
+
+Both caches are prefilled with the prompt minus its last token, which is the first pending
+token of both models. Rows have their own lengths, so ragged prompts and different
+acceptance counts need no padding inside the caches. Rows stop independently and never
+emit a token past EOS or max_new_tokens; a finished row keeps running in the batch (its
+results are ignored and its caches are not advanced).
+
+Randomness and K: every draw is keyed by :class:`.rng_keys.StepKeys`. With a ``seed`` the
+run is reproducible: adaptive K then uses a frozen cost model (the models' parameter
+counts, see :func:`.adaptive_k.hinted_costs`) instead of measured timings. At T > 0 a
+different K (or draft) gives a different, equally exact, text.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from typing import Optional, Sequence, Union
+
+import torch
+
+from .._validate import check_int
+from ..errors import CacheFullError, OutOfBlocksError
+from ..models.base import adapt
+from .adaptive_k import StepCosts, hinted_costs, make_policy
+from .commit import commit_step
+from .inputs import check_eos, check_prompts, check_seed, check_temperature_rows
+from .metrics import SpecDecMetrics
+from .outputs import GenerationOutput
+from .phases import check_rows, draft_phase, drop_entries, prefill, score_phase, verify_phase
+from .rng_keys import StepKeys
+from .run import Run
+from .timing import SyncDebug, make_timer
+
+__all__ = ["SpeculativeEngine"]
+
+_POLICIES = {True: "cost", False: "fixed", "cost": "cost", "fixed": "fixed", "threshold": "threshold"}
+
+
+class SpeculativeEngine:
+    """Speculative decoding with a target and a draft model.
+
+    Parameters
+    ----------
+    target, draft : SpecModel | transformers.PreTrainedModel | specdec_ext LlamaModel
+        Same vocabulary, same device, and two distinct objects (each owns a KV cache).
+    k : int >= 0
+        Drafts per step (the maximum when adaptive). 0 = plain decoding with the target.
+    adaptive_k : bool | 'fixed' | 'cost' | 'threshold'
+        False/'fixed': always k. True/'cost': per-request acceptance estimates and a cost
+        model choose K in [0, k] to maximise expected tokens per second. 'threshold':
+        alpha below 40% -> K = 2, back to k when it recovers.
+    metrics : SpecDecMetrics, optional
+        Prometheus metrics to update each step.
+    pad_token_id : int, optional
+        Fills ``sequences`` after a row stops (default: the smallest eos id, else 0).
+    step_costs : StepCosts, optional
+        The cost model adaptive K starts from. Default: frozen at the models' parameter
+        ratio when ``generate`` gets a seed (reproducible), measured online otherwise.
+    """
+
+    def __init__(self, target, draft, k: int = 5, adaptive_k: Union[bool, str] = True,
+                 metrics: Optional[SpecDecMetrics] = None, pad_token_id: Optional[int] = None,
+                 step_costs: Optional[StepCosts] = None):
+        self.k_max = check_int("k", k, 0)
+        if not isinstance(adaptive_k, (bool, str)) or adaptive_k not in _POLICIES:
+            raise (ValueError if isinstance(adaptive_k, str) else TypeError)(
+                f"adaptive_k must be True, False, 'fixed', 'cost' or 'threshold', got {adaptive_k!r}")
+        self.policy_kind = _POLICIES[adaptive_k]
+        self.target, self.draft = adapt(target), adapt(draft)
+        if self.target is self.draft:
+            raise ValueError("target and draft are the same SpecModel object, so they would share one KV cache; "
+                             "pass two wrappers (or the raw model twice: each role gets its own wrapper)")
+        if self.target.vocab_size != self.draft.vocab_size:
+            raise ValueError(f"draft vocabulary ({self.draft.vocab_size}) differs from the target's "
+                             f"({self.target.vocab_size}): speculative decoding needs one vocabulary")
+        if torch.device(self.target.device) != torch.device(self.draft.device):
+            raise ValueError(f"target is on {self.target.device} but draft is on {self.draft.device}: "
+                             "put both models on one device")
+        if metrics is not None and not isinstance(metrics, SpecDecMetrics):
+            raise TypeError(f"metrics must be a SpecDecMetrics, got {type(metrics).__name__}")
+        if step_costs is not None and not isinstance(step_costs, StepCosts):
+            raise TypeError(f"step_costs must be a StepCosts, got {type(step_costs).__name__}")
+        self.device = torch.device(self.target.device)
+        self.metrics = metrics
+        self.pad_token_id = None if pad_token_id is None else check_int("pad_token_id", pad_token_id)
+        self.step_costs = step_costs
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: Union[float, torch.Tensor] = 0.0,
+                 seed: Optional[int] = None, eos_token_id: Union[int, Sequence[int], None] = None,
+                 attention_mask: Optional[torch.Tensor] = None, debug_sync: bool = False,
+                 progress=None) -> GenerationOutput:
+        """Generate up to ``max_new_tokens`` tokens per row.
+
+        input_ids      : Tensor [B, T] int64 (a [T] tensor is one row). Padded rows need
+                         ``attention_mask`` [B, T] of 0/1 (1 = token; left or right padding).
+        temperature    : float >= 0 or Tensor [B]; 0 = greedy.
+        seed           : int for a reproducible run (None: drawn from torch's generator).
+        eos_token_id   : int or ints; a row stops after emitting one (it is emitted).
+        debug_sync     : CUDA only: run every phase under torch.cuda.set_sync_debug_mode
+                         ("error") (the one per-step device->host copy excepted).
+        progress       : optional callable(tokens_done: int) called after each step.
+        Returns a :class:`GenerationOutput`. Raises ``ValueError`` / ``TypeError`` for bad
+        arguments, :class:`~specdec_ext.errors.CacheFullError` /
+        :class:`~specdec_ext.errors.OutOfBlocksError` (naming the model) when a cache cannot
+        hold the request (checked before the first forward), and
+        :class:`~specdec_ext.errors.ModelOutputError` when a model's logits are unusable.
+        """
+        t_start = time.perf_counter()
+        run = self._start(input_ids, max_new_tokens, temperature, seed, eos_token_id, attention_mask)
+        sync = SyncDebug(debug_sync and self.device.type == "cuda")
+        while any(run.active):
+            self._step(run, sync)
+            if progress is not None:
+                progress(run.tokens_done())
+        return run.output(t_start)
+
+    # ------------------------------------------------------------------ phases of a run
+    def _start(self, input_ids, max_new_tokens, temperature, seed, eos_token_id, attention_mask) -> Run:
+        """Check the arguments, size and prefill both caches; the run's initial state."""
+        V = self.target.vocab_size
+        ids, prompts = check_prompts(input_ids, attention_mask, V)
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
+        temps = check_temperature_rows(temperature, len(prompts))
+        eos, seed = check_eos(eos_token_id, V), check_seed(seed)
+        if self.step_costs is not None:
+            costs = copy.deepcopy(self.step_costs)
+        elif seed is not None:  # reproducible: K must not follow measured timings
+            costs = hinted_costs(self.target.step_cost_hint, self.draft.step_cost_hint) or StepCosts(frozen=True)
+        else:
+            costs = StepCosts()
+        seed = int(torch.randint(0, 2**62, ()).item()) if seed is None else seed  # CPU generator: no sync
+        pad = self.pad_token_id if self.pad_token_id is not None else (min(eos) if eos else 0)
+        run = Run(ids, prompts, max_new_tokens, eos, pad, self._to_device(temps), bool((temps == 0).all()), seed,
+                  StepKeys(self.k_max), make_policy(self.policy_kind, self.k_max), costs,
+                  self._to_device(torch.tensor([p[-1] for p in prompts], dtype=torch.int64)))
+        if max_new_tokens > 0:
+            run.cache_len = self._prepare_caches(prompts, max_new_tokens)
+        return run
+
+    def _prepare_caches(self, prompts, max_new_tokens: int) -> int:
+        """Reset both models for the batch and check, before any forward, that each row fits.
+        A row needs its prompt plus max_new_tokens - 1 positions (the last emitted token is
+        never fed, and K is clipped to the budget left). A finished row keeps running in the
+        batch, so the caches get k + 1 positions of slack where the models allow (K is
+        clipped to the room left, see :meth:`Run.choose_k`). Returns the cache length."""
+        need = [len(p) + max_new_tokens - 1 for p in prompts]
+        caps = [m.max_positions for m in (self.target, self.draft) if m.max_positions is not None]
+        cache_len = min([max(need) + self.k_max + 1] + caps)
+        for name, model in (("target", self.target), ("draft", self.draft)):
+            if model.max_positions is not None and max(need) > model.max_positions:
+                raise CacheFullError(f"{name} model: a prompt of {max(len(p) for p in prompts)} tokens + "
+                                     f"max_new_tokens ({max_new_tokens}) - 1 = {max(need)} positions exceed its "
+                                     f"capacity of {model.max_positions}")
+            try:
+                model.reset(len(prompts), cache_len)
+                model.reserve([min(cache_len, n + self.k_max + 1) for n in need])
+            except (CacheFullError, OutOfBlocksError) as e:
+                raise type(e)(f"{name} model: {e}") from e
+        for model in (self.target, self.draft):
+            prefill(model, prompts, self._to_device)
+        return cache_len
+
+    def _step(self, run: Run, sync: SyncDebug) -> None:
+        """One draft -> score -> verify -> commit -> rollback step of the whole batch."""
+        t0 = time.perf_counter()
+        k = run.choose_k()
+        timer = make_timer(self.device)
+        with sync:
+            timer.mark()
+            draft_ids, draft_probs = draft_phase(self.draft, run.pending, k, run.temps, run.seed, run.keys,
+                                                 run.step, not run.greedy, self._to_device)
+            timer.mark()
+            logits = score_phase(self.target, run.last, draft_ids)
+            timer.mark()
+            packed = verify_phase(logits, draft_ids, draft_probs, run.temps, run.seed, run.keys.verify(run.step))
+            timer.mark()
+        rows = packed.cpu().tolist()  # the step's ONE device -> host copy
+        check_rows(rows, k, run.active, run.step)
+        n_pending = [len(p) for p in run.pending]
+        commits = commit_step(rows, k, run.active, run.pending, [len(g) for g in run.generated],
+                              run.max_new_tokens, run.eos)
+        drop_entries(self.target, [k + 1 - (c.kept_target if c else 0) for c in commits])
+        if k > 0:  # the draft appended its pending tokens and d_1..d_(K-1)
+            drop_entries(self.draft, [n + k - 1 - (c.kept_draft if c else 0) for n, c in zip(n_pending, commits)])
+        run.apply(commits, k)
+        run.last = self._to_device(torch.tensor(run.last_tokens(), dtype=torch.int64))
+        self._account(run, k, commits, timer.read(), time.perf_counter() - t0)
+
+    def _account(self, run: Run, k: int, commits, phases, step_s: float) -> None:
+        """Phase times, the cost model's measurements and the metrics of one step."""
+        draft_s, target_s, verify_s = phases
+        p = run.phase
+        p.draft, p.target, p.verify = p.draft + draft_s, p.target + target_s, p.verify + verify_s
+        p.other += max(0.0, step_s - draft_s - target_s - verify_s)
+        if k > 0:
+            run.costs.add_draft(draft_s / k)
+        run.costs.add_target(k + 1, target_s)
+        if self.metrics is not None:
+            done = [c for c in commits if c is not None]
+            self.metrics.record_step(k, k * len(done), sum(c.accepted for c in done),
+                                     sum(len(c.emitted) for c in done),
+                                     [sum(c.accepted > i for c in done) for i in range(k)], draft_s, target_s, verify_s)
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """Host -> device without a host sync (pinned + non_blocking on CUDA)."""
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
+
+

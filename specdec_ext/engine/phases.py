@@ -1,0 +1,98 @@
+"""The phases of one engine step, each a short function over the models and the ops.
+
+Vocabulary (as in :mod:`specdec_ext.engine.commit`): a row's *pending* tokens are committed
+tokens the draft has not processed yet; *last* is the last committed token, which the
+target has not processed yet. Shapes: B rows, K drafts this step, V vocabulary.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..errors import ModelOutputError
+from ..models.base import SpecModel
+from ..ops.sampling import sample, verify
+from .rng_keys import StepKeys
+
+__all__ = ["check_rows", "draft_phase", "drop_entries", "padded_ids", "prefill", "score_phase", "verify_phase"]
+
+ToDevice = Callable[[torch.Tensor], torch.Tensor]
+
+
+def padded_ids(rows: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Right-padded (with 0) int64 [B, max row length] on the CPU."""
+    out = torch.zeros(len(rows), max((len(r) for r in rows), default=0), dtype=torch.int64)
+    for b, r in enumerate(rows):
+        if r:
+            out[b, :len(r)] = torch.tensor(list(r), dtype=torch.int64)
+    return out
+
+
+def drop_entries(model: SpecModel, counts: Sequence[int]) -> None:
+    """Drop the newest ``counts[b]`` cache entries of each row b (one rollback call)."""
+    n = max(counts, default=0)
+    if n > 0:
+        model.rollback(n, torch.tensor([n - c for c in counts], dtype=torch.int64))
+
+
+def prefill(model: SpecModel, prompts: Sequence[Sequence[int]], to_device: ToDevice) -> None:
+    """Feed each prompt minus its last token (right-padded; the pads are dropped again)."""
+    heads = [p[:-1] for p in prompts]
+    width = max(len(h) for h in heads)
+    if width > 0:
+        model.forward(to_device(padded_ids(heads)))
+        drop_entries(model, [width - len(h) for h in heads])
+
+
+def draft_phase(draft: SpecModel, pending: Sequence[Sequence[int]], k: int, temps: torch.Tensor, seed: int,
+                keys: StepKeys, step: int, want_probs: bool,
+                to_device: ToDevice) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """K draft tokens per row: the draft catches up on its pending tokens, then samples K
+    tokens (K - 1 more single-token forwards), each with :func:`sample` writing the draft
+    law in place (no host sync).
+
+    Returns draft_ids int64 [B, K] on the device (-1 where the draft's logits were unusable)
+    and, when ``want_probs``, draft_probs float32 [B, K, V] (else None: greedy rows only).
+    """
+    B, dev = len(pending), temps.device
+    draft_ids = torch.empty(B, k, dtype=torch.int64, device=dev)
+    if k == 0:
+        return draft_ids, None
+    counts = [len(p) for p in pending]
+    logits = draft.forward(to_device(padded_ids(pending)))  # [B, width, V]
+    drop_entries(draft, [logits.shape[1] - c for c in counts])
+    last = to_device(torch.tensor(counts, dtype=torch.int64) - 1)
+    logits = logits[torch.arange(B, device=dev), last]  # [B, V]: each row's last pending token
+    probs = torch.empty(B, k, logits.shape[-1], dtype=torch.float32, device=dev) if want_probs else None
+    for i in range(k):
+        draft_ids[:, i] = sample(logits, temps, seed=seed, offset=keys.draft(step, i),
+                                 probs_out=None if probs is None else probs[:, i])
+        if i + 1 < k:  # an invalid row (-1) feeds token 0 on; verify marks the row invalid anyway
+            logits = draft.forward(draft_ids[:, i:i + 1].clamp(min=0))[:, 0]
+    return draft_ids, probs
+
+
+def score_phase(target: SpecModel, last: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
+    """Target logits [B, K+1, V] over [last, d_1..d_K] (one forward)."""
+    return target.forward(torch.cat([last.view(-1, 1), draft_ids.clamp(min=0)], dim=1))
+
+
+def verify_phase(target_logits: torch.Tensor, draft_ids: torch.Tensor, draft_probs: Optional[torch.Tensor],
+                 temps: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+    """:func:`verify`, packed for the step's one device-to-host copy: int64 [B, K+4] =
+    tokens [K+1], num_accepted, valid, draft_ok (the draft gave every row a usable token)."""
+    res = verify(target_logits, draft_ids, draft_probs, temps, seed=seed, offset=offset)
+    draft_ok = (draft_ids >= 0).all(dim=1) if draft_ids.shape[1] else torch.ones_like(res.valid)
+    return torch.cat([res.tokens, res.num_accepted.view(-1, 1), res.valid.view(-1, 1).long(),
+                      draft_ok.view(-1, 1).long()], dim=1)
+
+
+def check_rows(rows: List[List[int]], k: int, active: Sequence[bool], step: int) -> None:
+    """Raise :class:`ModelOutputError` for an active row that verify flagged invalid, naming
+    the model whose logits were unusable (NaN / +inf, or all -inf) and the step."""
+    for b, row in enumerate(rows):
+        if active[b] and not row[k + 2]:
+            who = "target" if row[k + 3] else "draft"
+            raise ModelOutputError(f"the {who} model produced unusable logits (NaN / +inf, or every token "
+                                   f"-inf) for row {b} at step {step}; generation stopped")

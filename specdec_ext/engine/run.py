@@ -1,0 +1,94 @@
+"""The host state of one :meth:`SpeculativeEngine.generate` call."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import AbstractSet, List, Optional
+
+import torch
+
+from .adaptive_k import AcceptanceEstimator, StepCosts
+from .commit import RowCommit
+from .outputs import GenerationOutput, PhaseTimes, RowStats
+from .rng_keys import StepKeys
+
+__all__ = ["Run"]
+
+
+@dataclass
+class Run:
+    """Per-row progress (emitted tokens, the draft's pending tokens, done flags, stats) and
+    the run's settings. Rows are independent; the batch steps while any row is active."""
+
+    ids: torch.Tensor                 # [B, T] int64 CPU: input_ids as given
+    prompts: List[List[int]]
+    max_new_tokens: int
+    eos: AbstractSet[int]
+    pad: int
+    temps: torch.Tensor               # [B] float32 on the device
+    greedy: bool                      # every row has temperature 0
+    seed: int
+    keys: StepKeys
+    policy: object
+    costs: StepCosts
+    last: torch.Tensor                # [B] int64 on the device: the last committed token
+    cache_len: int = 0                # positions each model's cache holds per row
+    generated: List[List[int]] = field(default_factory=list)
+    pending: List[List[int]] = field(default_factory=list)
+    active: List[bool] = field(default_factory=list)
+    stats: List[RowStats] = field(default_factory=list)
+    alpha: Optional[AcceptanceEstimator] = None
+    phase: PhaseTimes = field(default_factory=PhaseTimes)
+    step: int = 0
+    draft_steps: int = 0
+
+    def __post_init__(self) -> None:
+        B = len(self.prompts)
+        self.generated = [[] for _ in range(B)]
+        self.pending = [[p[-1]] for p in self.prompts]
+        self.active = [self.max_new_tokens > 0] * B
+        self.stats = [RowStats() for _ in range(B)]
+        self.alpha = AcceptanceEstimator(B)
+
+    def choose_k(self) -> int:
+        """The policy's K, clipped so that no active row drafts past its token budget (a
+        step emits at most K + 1 tokens) and every row, finished ones included (they still
+        run in the batch), can take the step's K + 1 entries: the target holds prompt - 1 +
+        generated entries of a row, the draft never more."""
+        B = len(self.prompts)
+        rows = [b for b in range(B) if self.active[b]]
+        k = self.policy.choose([self.alpha.alpha(b) for b in rows], self.costs)
+        budget = [self.max_new_tokens - len(self.generated[b]) - 1 for b in rows]
+        room = [self.cache_len - len(self.prompts[b]) - len(self.generated[b]) for b in range(B)]
+        return max(0, min([k] + budget + room))
+
+    def apply(self, commits: List[Optional[RowCommit]], k: int) -> None:
+        """Record the step's commits (rows of None are finished rows)."""
+        for b, c in enumerate(commits):
+            if c is None:
+                continue
+            self.generated[b].extend(c.emitted)
+            self.pending[b] = c.draft_pending
+            self.active[b] = not c.done
+            self.stats[b].record(k, c.accepted, len(c.emitted))
+            self.alpha.update(b, k, c.accepted)
+        self.step += 1
+        self.draft_steps += k
+
+    def last_tokens(self) -> List[int]:
+        """Each row's last committed token (the prompt's last one before it emits)."""
+        return [g[-1] if g else p[-1] for g, p in zip(self.generated, self.prompts)]
+
+    def tokens_done(self) -> int:
+        return sum(len(g) for g in self.generated)
+
+    def output(self, t_start: float) -> GenerationOutput:
+        B, T = self.ids.shape
+        G = max((len(g) for g in self.generated), default=0)
+        seq = torch.full((B, T + G), self.pad, dtype=torch.int64)
+        seq[:, :T] = self.ids
+        for b, g in enumerate(self.generated):
+            if g:
+                seq[b, T:T + len(g)] = torch.tensor(g, dtype=torch.int64)
+        return GenerationOutput(seq, self.generated, self.stats, time.perf_counter() - t_start, self.phase,
+                                self.step, self.draft_steps)

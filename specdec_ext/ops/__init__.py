@@ -1,0 +1,14 @@
+"""The ``torch.ops.specdec.*`` custom ops: one module per op family, each holding the
+Python wrappers (shapes and dtypes in NumPy-style docstrings) next to the fake (meta)
+kernels torch.compile traces with. The schemas live in csrc/ops.cpp.
+
+- :mod:`.sampling`  ``verify``, ``sample``
+- :mod:`.kv`        ``kv_append_``, ``kv_rollback_`` (contiguous cache)
+- :mod:`.paged_kv`  ``paged_kv_append_``, ``paged_kv_gather`` / ``paged_kv_gather_into_``
+"""
+from .. import _C  # noqa: F401  (registers the schemas the fake kernels below attach to)
+from .kv import kv_append_, kv_rollback_
+from .paged_kv import paged_kv_append_, paged_kv_gather
+from .sampling import VerifyResult, sample, verify
+
+__all__ = ["VerifyResult", "kv_append_", "kv_rollback_", "paged_kv_append_", "paged_kv_gather", "sample", "verify"]

@@ -1,0 +1,94 @@
+"""The contiguous KV-cache ops ``specdec::kv_append_`` and ``specdec::kv_rollback_``:
+Python wrappers and their fake kernels for torch.compile."""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from .._validate import check_int
+
+__all__ = ["kv_append_", "kv_rollback_"]
+
+
+def kv_append_(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    new_k: torch.Tensor,
+    new_v: torch.Tensor,
+    lengths: torch.Tensor,
+    *,
+    overflow: Optional[torch.Tensor] = None,
+) -> None:
+    """Write each row's S new keys / values at positions ``lengths[b] .. lengths[b]+S-1``.
+
+    One kernel launch for the batch (keys and values together). ``lengths`` is NOT advanced.
+
+    Parameters
+    ----------
+    key_cache, value_cache : Tensor [B, H, max_len, D] float32 | float16 | bfloat16
+        Written in place. Any strides with a contiguous head dim (a per-layer slice of a
+        bigger tensor is fine).
+    new_k, new_v : Tensor [B, H, S, D], the cache's dtype and device
+        Any strides (e.g. ``k.view(B, S, H, D).transpose(1, 2)``). Never converted: a dtype
+        mismatch is an error (cast with ``new_k.to(key_cache.dtype)``).
+    lengths : Tensor [B] int32 | int64 on the cache's device
+        Tokens already in each row.
+    overflow : Tensor [B] bool on the cache's device, optional
+        Sticky overflow flags. A row with ``lengths[b] < 0`` or ``lengths[b] + S > max_len``
+        would write out of bounds:
+
+        - CPU: the op raises ``ValueError`` before writing anything (flags untouched);
+        - CUDA: nothing is written for that row, the other rows are written, and
+          ``overflow[b]`` is set to True (never cleared by the op), so one check after many
+          steps (``overflow.any().item()``) finds it with no sync per step. Without
+          ``overflow`` such a row is skipped silently.
+    """
+    torch.ops.specdec.kv_append_(key_cache, value_cache, new_k, new_v, lengths, overflow)
+
+
+def kv_rollback_(
+    lengths: torch.Tensor,
+    num_appended: int,
+    num_kept: Union[torch.Tensor, int],
+    *,
+    invalid: Optional[torch.Tensor] = None,
+) -> None:
+    """``lengths[b] -= num_appended - num_kept[b]`` in place, on the device (no host sync).
+
+    Parameters
+    ----------
+    lengths : Tensor [B] int32 | int64
+        Lengths after the append of ``num_appended`` tokens.
+    num_appended : int >= 0
+        Tokens appended per row this step (S = K+1).
+    num_kept : Tensor [B] int32 | int64 on lengths' device, or int
+        Tokens of this step each row keeps, in [0, num_appended] (e.g. ``num_accepted + 1``).
+    invalid : Tensor [B] bool on lengths' device, optional
+        Sticky error flags. A row with num_kept outside [0, num_appended] (rolling forward)
+        or whose length would become negative is invalid:
+
+        - CPU: the op raises ``ValueError`` before writing anything (flags untouched);
+        - CUDA: that row's length is left unchanged, the other rows are rolled back, and
+          ``invalid[b]`` is set to True (never cleared by the op).
+    """
+    num_appended = check_int("num_appended", num_appended, 0)
+    if not isinstance(num_kept, torch.Tensor):
+        num_kept = torch.full(lengths.shape, check_int("num_kept", num_kept), dtype=torch.int64,
+                              device=lengths.device)
+    torch.ops.specdec.kv_rollback_(lengths, num_appended, num_kept, invalid)
+
+
+# ---- fake (meta) kernels ----
+
+@torch.library.register_fake("specdec::kv_append_")
+def _kv_append_fake(key_cache, value_cache, new_k, new_v, lengths, overflow=None):
+    torch._check(key_cache.dim() == 4, lambda: "key_cache must be [B, H, max_len, D]")
+    torch._check(new_k.dim() == 4, lambda: "new_k must be [B, H, S, D]")
+    return None
+
+
+@torch.library.register_fake("specdec::kv_rollback_")
+def _kv_rollback_fake(lengths, num_appended, num_kept, invalid=None):
+    torch._check(lengths.dim() == 1, lambda: "lengths must be [B]")
+    return None

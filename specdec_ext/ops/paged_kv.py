@@ -1,0 +1,110 @@
+"""The paged KV-cache ops ``specdec::paged_kv_append_``, ``specdec::paged_kv_gather`` and
+``specdec::paged_kv_gather_into_``: Python wrappers and their fake kernels."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from .._validate import check_int
+
+__all__ = ["paged_kv_append_", "paged_kv_gather"]
+
+
+def paged_kv_append_(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    new_k: torch.Tensor,
+    new_v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    invalid: Optional[torch.Tensor] = None,
+) -> None:
+    """Write token t's key / value to slot ``slot_mapping[t]`` of the paged cache, in one launch.
+
+    Parameters
+    ----------
+    key_cache, value_cache : Tensor [num_blocks, block_size, H, D] float32 | float16 | bfloat16
+        Written in place (contiguous head dim; other strides free).
+    new_k, new_v : Tensor [T, H, D], the cache's dtype and device (never converted).
+    slot_mapping : Tensor [T] int64 (int32 accepted) on the cache's device
+        ``block * block_size + offset``; -1 = padding (skipped). Valid slots must be distinct.
+    invalid : Tensor [] bool (one element) on the cache's device, optional
+        Sticky flag for a slot outside [0, num_blocks * block_size) that is not -1:
+
+        - CPU: such a slot (or a repeated slot) raises ``ValueError`` before anything is
+          written (flag untouched);
+        - CUDA: that token is skipped, the others are written and ``invalid`` is set True
+          (never cleared). Repeated slots are not detected on CUDA (one of the writes wins).
+    """
+    torch.ops.specdec.paged_kv_append_(key_cache, value_cache, new_k, new_v, slot_mapping, invalid)
+
+
+def paged_kv_gather(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    lengths: torch.Tensor,
+    max_len: Optional[int] = None,
+    *,
+    out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Copy each row's first ``lengths[b]`` tokens out of the paged cache, for dense attention.
+
+    Parameters
+    ----------
+    key_cache, value_cache : Tensor [num_blocks, block_size, H, D]
+    block_tables : Tensor [B, max_blocks_per_seq] int32 (int64 accepted); entries past a
+        row's last used block are not read (any value, e.g. -1).
+    lengths : Tensor [B] int32 | int64
+    max_len : int, the gathered length L (e.g. max(lengths)); taken from ``out`` when given
+    out : (keys_out, values_out), optional
+        Caller-owned [B, H, L, D] buffers of the cache's dtype (head dim contiguous, other
+        strides free) written in place and returned (``specdec::paged_kv_gather_into_``):
+        no allocation per step, so the buffers can be reused and captured in a CUDA graph.
+
+    Returns
+    -------
+    (keys, values) : Tensor [B, H, L, D] (contiguous unless ``out``), the cache's dtype; zero at positions
+    ``>= lengths[b]``. On CPU a length outside [0, min(max_len, max_blocks_per_seq *
+    block_size)] or a used table entry outside [0, num_blocks) raises; on CUDA (no sync) the
+    length is clamped into that range and positions whose table entry is out of range are
+    zero.
+    """
+    if out is not None:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError(f"out must be a pair (keys_out, values_out) of tensors, got {type(out).__name__}")
+        keys_out, values_out = out
+        if max_len is not None and keys_out.dim() == 4 and keys_out.shape[2] != check_int("max_len", max_len, 0):
+            raise ValueError(f"max_len={max_len} but out has length {keys_out.shape[2]}")
+        torch.ops.specdec.paged_kv_gather_into_(key_cache, value_cache, block_tables, lengths, keys_out, values_out)
+        return keys_out, values_out
+    if max_len is None:
+        raise ValueError("max_len is required when out is not given")
+    return torch.ops.specdec.paged_kv_gather(key_cache, value_cache, block_tables, lengths,
+                                             check_int("max_len", max_len, 0))
+
+
+# ---- fake (meta) kernels ----
+
+@torch.library.register_fake("specdec::paged_kv_append_")
+def _paged_kv_append_fake(key_cache, value_cache, new_k, new_v, slot_mapping, invalid=None):
+    torch._check(key_cache.dim() == 4, lambda: "key_cache must be [num_blocks, block_size, H, D]")
+    torch._check(new_k.dim() == 3, lambda: "new_k must be [T, H, D]")
+    return None
+
+
+@torch.library.register_fake("specdec::paged_kv_gather")
+def _paged_kv_gather_fake(key_cache, value_cache, block_tables, lengths, max_len):
+    torch._check(key_cache.dim() == 4, lambda: "key_cache must be [num_blocks, block_size, H, D]")
+    torch._check(block_tables.dim() == 2, lambda: "block_tables must be [B, max_blocks_per_seq]")
+    B, H, D = block_tables.shape[0], key_cache.shape[2], key_cache.shape[3]
+    keys = key_cache.new_empty((B, H, max_len, D))
+    values = value_cache.new_empty((B, H, max_len, D))
+    return keys, values
+
+
+@torch.library.register_fake("specdec::paged_kv_gather_into_")
+def _paged_kv_gather_into_fake(key_cache, value_cache, block_tables, lengths, keys_out, values_out):
+    torch._check(keys_out.dim() == 4, lambda: "keys_out must be [B, H, max_len, D]")
+    return None
