@@ -1,23 +1,26 @@
+"""pytest configuration: the ``cuda`` marker and the ``device`` fixture.
+
+Tests marked ``cuda`` need a GPU and a build with the CUDA kernels; they are skipped
+(with the reason) elsewhere. ``pytest -m cuda`` selects exactly them (scripts/gpu_check.sh).
+"""
 import pytest
-import torch
 
-import specdec_ext
+from helpers import CUDA, DEVICES
 
-CUDA = torch.cuda.is_available() and specdec_ext.has_cuda_kernels()
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="needs a GPU and CUDA kernels"))]
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a GPU and a build with the CUDA kernels")
+
+
+def pytest_collection_modifyitems(config, items):
+    if CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a GPU and a build with the CUDA kernels")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param
-
-
-def ragged_prompts(vocab=97, seed=3):
-    """ids [3, 7] int64 with left padding (0) and attention_mask [3, 7]: prompts of 7, 5, 2 tokens."""
-    torch.manual_seed(seed)
-    ids = torch.randint(1, vocab, (3, 7))
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
-    mask[2, :5] = 0
-    ids[mask == 0] = 0
-    return ids, mask

@@ -4,12 +4,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-import specdec_ext
 from specdec_ext import KVCache, PagedKVCache, kv_append_, spec_attention_mask, spec_attention_mask_bool
 
-HAS_CUDA = torch.cuda.is_available() and specdec_ext.has_cuda_kernels()
-cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device and a CUDA build")
-DEVICES = ["cpu", pytest.param("cuda", marks=cuda)]
+cuda = pytest.mark.cuda
+from helpers import DEVICES  # noqa: E402
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 

@@ -3,11 +3,10 @@ device->host copy, and the same greedy output as on the CPU."""
 import pytest
 import torch
 
-from conftest import CUDA
 from specdec_ext import SpeculativeEngine
 from specdec_ext.models import LlamaConfig, LlamaModel
 
-pytestmark = pytest.mark.skipif(not CUDA, reason="needs a GPU and CUDA kernels")
+pytestmark = pytest.mark.cuda
 
 
 def _pair(device, dtype=torch.float32):

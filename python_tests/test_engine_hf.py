@@ -7,7 +7,7 @@ import inspect
 import pytest
 import torch
 
-from conftest import ragged_prompts
+from helpers import ragged_prompts
 from specdec_ext import SpeculativeEngine
 
 transformers = pytest.importorskip("transformers")

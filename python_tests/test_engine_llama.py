@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from conftest import ragged_prompts
+from helpers import ragged_prompts
 import specdec_ext
 from specdec_ext import SpeculativeEngine
 from specdec_ext.models import LlamaModel, LlamaSpecModel

@@ -9,9 +9,8 @@ import torch
 import specdec_ext
 from specdec_ext import KVCache, kv_append_, kv_rollback_
 
-HAS_CUDA = torch.cuda.is_available() and specdec_ext.has_cuda_kernels()
-cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device and a CUDA build")
-DEVICES = ["cpu", pytest.param("cuda", marks=cuda)]
+cuda = pytest.mark.cuda
+from helpers import DEVICES  # noqa: E402
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 K = 5  # drafts per step: S = 1 .. K+1
 _INT = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}

@@ -14,7 +14,6 @@ import torch
 import specdec_ext
 from specdec_ext.models import LlamaConfig, LlamaModel, LlamaSpecModel
 
-from conftest import CUDA
 
 F64_TOL = 1e-10
 V = 97
@@ -339,7 +338,7 @@ def test_low_precision_smoke(device, dtype):
     assert rel_err(out.cpu(), ref) < 5e-2
 
 
-@pytest.mark.skipif(not CUDA, reason="needs a GPU and CUDA kernels")
+@pytest.mark.cuda
 def test_cuda_matches_cpu_float32():
     cfg = small_config()
     torch.manual_seed(3)
@@ -371,7 +370,7 @@ def test_empty_step_is_refused():
         model(torch.zeros(2, 0, dtype=torch.int64), model.new_cache(2, 4))
 
 
-@pytest.mark.skipif(not CUDA, reason="needs a GPU and CUDA kernels")
+@pytest.mark.cuda
 def test_cuda_contiguous_step_and_rollback_do_not_sync():
     torch.manual_seed(4)
     spec = LlamaSpecModel(LlamaModel(small_config(), dtype=torch.bfloat16, device="cuda"))

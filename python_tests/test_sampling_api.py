@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import specdec_ext
-from conftest import CUDA
 
 
 def _inputs(B=8, K=4, V=300, seed=0, dtype=torch.float32, device="cpu"):
@@ -93,15 +92,19 @@ def test_mixed_greedy_and_sampled_rows(device):
     L, _, Q = _inputs(B=B, K=K, V=V, seed=4, device=device)
     amax = L.argmax(-1)
     D = amax[:, :K].clone()  # greedy rows accept everything
+    D[1::2] = torch.randint(0, V, (B // 2, K), generator=torch.Generator().manual_seed(5)).to(device)
     temps = torch.where(torch.arange(B, device=device) % 2 == 0, 0.0, 1.0)
-    res = specdec_ext.verify(L, D, Q, temps, seed=2)
+    seeds = torch.arange(100, 100 + B, dtype=torch.int64)  # per row: a row's result is its own
+    res = specdec_ext.verify(L, D, Q, temps, seed=seeds)
     g = torch.arange(B, device=device) % 2 == 0
     assert (res.num_accepted[g] == K).all()
     assert torch.equal(res.tokens[g], amax[g])
     assert res.valid.all()
-    # the sampled rows agree with running them alone
-    alone = specdec_ext.verify(L, D, Q, temps, seed=2)
-    assert torch.equal(alone.tokens, res.tokens)
+    # each sampled row, run alone (a batch of one, no greedy neighbours), gives the same result
+    assert (res.num_accepted[~g] < K).any()  # the sampled rows really were sampled
+    for b in range(1, B, 2):
+        alone = specdec_ext.verify(L[b:b + 1], D[b:b + 1], Q[b:b + 1], temps[b:b + 1], seed=seeds[b:b + 1])
+        assert torch.equal(alone.tokens[0], res.tokens[b]) and alone.num_accepted[0] == res.num_accepted[b]
 
 
 def test_k0_samples_one_token_from_target(device):
@@ -200,7 +203,7 @@ def test_sample_probs_out_strided_slice(dtype, device):
     assert tok[0] == logits[0].float().argmax()
 
 
-def test_draft_loop_feeds_verify_without_host_sync(device):
+def _draft_loop(device):
     """The intended loop: K calls of sample writing draft_probs[:, i], then verify."""
     B, K, V = 16, 4, 200
     torch.manual_seed(0)
@@ -208,11 +211,30 @@ def test_draft_loop_feeds_verify_without_host_sync(device):
     target_logits = torch.randn(B, K + 1, V, device=device)
     draft_probs = torch.empty(B, K, V, device=device)
     ids = torch.empty(B, K, dtype=torch.int64, device=device)
+    seed, offset = torch.tensor(3, device=device), torch.tensor(0, device=device)
     for i in range(K):
-        ids[:, i] = specdec_ext.sample(draft_logits[:, i], 1.0, seed=3, offset=i, probs_out=draft_probs[:, i])
-    res = specdec_ext.verify(target_logits, ids, draft_probs, 1.0, seed=3, offset=K)
+        ids[:, i] = specdec_ext.sample(draft_logits[:, i], 1.0, seed=seed, offset=offset + i,
+                                       probs_out=draft_probs[:, i])
+    res = specdec_ext.verify(target_logits, ids, draft_probs, 1.0, seed=seed, offset=offset + K)
+    return res, ids, draft_probs
+
+
+def test_draft_loop_feeds_verify(device):
+    res, ids, draft_probs = _draft_loop(device)
     assert res.valid.all()
     assert (draft_probs.gather(2, ids.unsqueeze(-1)) > 0).all()
+
+
+@pytest.mark.cuda
+def test_draft_loop_feeds_verify_without_host_sync_cuda():
+    """On CUDA the whole loop runs under sync-debug mode 'error': any host sync raises."""
+    _draft_loop("cuda")  # warm-up: lazy init, workspace allocations
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        res, _, _ = _draft_loop("cuda")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert res.valid.all()
 
 
 # ---------------------------------------------------------------- errors
@@ -262,7 +284,7 @@ def test_bad_seed_types():
         torch.ops.specdec.sample(L[:, 0], torch.tensor(1e-45), torch.tensor(1), torch.tensor(0), None)
 
 
-@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+@pytest.mark.cuda
 def test_verify_device_mismatch_cuda():
     L, D, Q = _inputs(B=2, K=1, V=10)
     with pytest.raises(RuntimeError, match="draft_token_ids is on cpu but target_logits is on cuda"):

@@ -4,9 +4,8 @@ import pytest
 import torch
 
 import specdec_ext
-from conftest import CUDA
 
-pytestmark = pytest.mark.skipif(not CUDA, reason="needs a GPU and CUDA kernels")
+pytestmark = pytest.mark.cuda
 
 
 def _inputs(B, K, V, dtype, seed):

@@ -3,7 +3,6 @@ sampling. Each case draws N rows of one fixed problem (rows broadcast with strid
 0, batch-wide seed: every row its own random stream) and compares the histogram of
 (num_accepted, emitted token) with the closed form by Pearson's chi-square at
 significance ALPHA (stats_reference.py), cells with expected count < 5 merged."""
-import numpy as np
 import pytest
 import torch
 

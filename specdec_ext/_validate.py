@@ -1,7 +1,7 @@
 """Argument rules shared by every Python entry point (one rule, one error type each).
 
-- :func:`check_int`: a Python int (or numpy / 0-dim integer value), never a bool or a
-  float; ``TypeError`` for the wrong type, ``ValueError`` outside the allowed range.
+- :func:`check_int`: a Python int (or a numpy integer), never a bool, a float or a tensor;
+  ``TypeError`` for the wrong type, ``ValueError`` outside the allowed range.
 - :func:`check_temperature`: the ONE temperature rule, identical to the kernels'
   (``valid_temperature`` in csrc/core/verify_math.h): 0 (greedy), or positive and finite
   with a finite inverse in float32 (so 1e-39, whose inverse overflows, is refused, and so
@@ -23,8 +23,7 @@ _F32_MAX = float(torch.finfo(torch.float32).max)
 
 def check_int(name: str, value, low: Optional[int] = None, high: Optional[int] = None) -> int:
     """``value`` as an int, checked to lie in [low, high] (either bound optional)."""
-    if isinstance(value, bool) or isinstance(value, (float, complex)) or \
-            (isinstance(value, torch.Tensor) and (value.dim() != 0 or value.dtype.is_floating_point)):
+    if isinstance(value, (bool, float, complex, torch.Tensor)):  # a tensor would hide a device sync
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     try:
         out = operator.index(value)

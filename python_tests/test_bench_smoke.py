@@ -1,0 +1,58 @@
+"""Smoke tests of the benchmarks users run (tiny sizes): each command runs end to end,
+prints its table and writes JSON that benchmarks/check_targets.py reads. No timing is
+asserted (speed targets live in benchmarks/, not in tests)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specdec_ext.bench.__main__ import main as bench_main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _check_targets(path):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "check_targets.py"), path],
+                         capture_output=True, text=True, check=True)
+    return out.stdout
+
+
+def test_bench_verify_smoke(tmp_path, capsys):
+    path = str(tmp_path / "verify.json")
+    assert bench_main(["verify", "--device", "cpu", "--no-compile", "--B", "1", "8", "--K", "5", "--V", "128256",
+                       "--dtype", "fp32", "--json", path]) == 0
+    rows = json.load(open(path))["rows"]
+    assert [(r["B"], r["K"], r["V"]) for r in rows] == [(1, 5, 128256), (8, 5, 128256)]
+    assert all(r["fused_s"] > 0 and r["torch_s"] > 0 and 0 <= r["accept_rate"] <= 1 for r in rows)
+    assert "fused" in capsys.readouterr().out
+    assert "B=8 K=5 V=128256 fp32: fused >= 10x plain PyTorch" in _check_targets(path)
+
+
+def test_bench_kv_smoke(tmp_path, capsys):
+    path = str(tmp_path / "kv.json")
+    assert not bench_main(["kv", "--device", "cpu", "--max-len", "64", "--context", "16", "--min-seconds", "0.001",
+                           "--batch", "2", "--seq", "3", "--dtype", "bf16", "--json", path])
+    rows = json.load(open(path))["rows"]
+    assert {r["op"] for r in rows} >= {"append", "gather"} or len(rows) >= 2
+    assert all(r["seconds"] > 0 for r in rows)
+    assert "GB/s" in capsys.readouterr().out
+
+
+def test_bench_e2e_smoke(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    path = str(tmp_path / "e2e.json")
+    assert bench_main(["e2e", "--device", "cpu", "--k", "2", "--batch", "1", "--temperature", "0",
+                       "--max-new-tokens", "6", "--prompts", "1", "--no-progress", "--json", path]) == 0
+    rows = json.load(open(path))["rows"]
+    methods = {r["method"] for r in rows}
+    assert {"target-only", "engine", "engine adaptive", "HF generate", "HF assisted"} <= methods
+    engine = [r for r in rows if r["method"] == "engine"][0]
+    assert engine["tokens"] == 6 and engine["speedup"] > 0
+    assert "speedup" in capsys.readouterr().out
+    assert "target" in _check_targets(path)
+
+
+def test_bench_unknown_command():
+    assert bench_main(["nope"]) == 2
