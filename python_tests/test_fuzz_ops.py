@@ -1,0 +1,1377 @@
+"""Property-based fuzzing of every specdec op and its Python wrapper (hypothesis).
+
+Property, for every generated call (random shapes incl. zero sizes, strides, views, storage
+offsets, dtypes, meta tensors, extreme values, aliasing between pairs of arguments):
+
+* either it raises ValueError / TypeError whose message names one of the op's arguments,
+  and NOTHING was written (every argument's whole storage is bit-identical to before);
+* or it returns and the result satisfies the documented contract, checked against a
+  plain-torch reference (KV ops: bit-exact, including every byte outside the written
+  region; sampling ops: ranges, -1 padding, validity rules, greedy rows exactly).
+
+Which calls must be refused, may be refused, or must succeed (see ``Verdict``):
+
+* refused: malformed metadata (shape, dtype, device mix incl. meta with CPU, stride rules),
+  a Python value of the wrong type for the wrapper (``"0.5"``, ``2.7`` for an int, bools),
+  a value the CPU kernels document as an error (overflowing append, bad slot, ...), a written
+  argument whose elements overlap each other, two written arguments that overlap;
+* either: a written argument overlapping a read one -- refusing is fine, otherwise the result
+  must be that of the same call on non-aliased copies of the inputs;
+* anything else (e.g. ``paged_kv_gather(key_cache, key_cache, ...)``) must succeed.
+
+Crash isolation: ``test_fuzz[target]`` runs ``python test_fuzz_ops.py <target>`` in a
+subprocess (two at a time), so a segfault is a test failure naming the op, the signal and
+the last example tried. Profiles: ``ci`` (default: 200 examples per target, derandomized)
+and ``long`` (``SPECDEC_FUZZ_PROFILE=long``: 5000 examples, random).
+
+Run:  pytest python_tests/test_fuzz_ops.py -q
+      SPECDEC_FUZZ_PROFILE=long pytest python_tests/test_fuzz_ops.py -q
+      python python_tests/test_fuzz_ops.py verify      # one target in this process
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fuzz_strategies as fz  # noqa: E402
+from fuzz_strategies import (FLOAT_DTYPES, INT64_MAX, INT64_MIN, TEMPERATURES, Snapshot, alias_pair,  # noqa: E402
+                             describe, float_dtype, float_values, index_dtype, index_value, internal_overlap,
+                             overlaps, prob_values, size, tensors)
+
+PROFILE = os.environ.get("SPECDEC_FUZZ_PROFILE", "ci")
+_COMMON = dict(deadline=None, database=None, print_blob=False,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+                                      HealthCheck.large_base_example])
+# ci: exactly 200 fixed examples per target; every kind of failure is reported with the shortest
+#     example that showed it (no hypothesis shrinking, so a broken build stays fast).
+# shrink: the same search with hypothesis' shrinking (minimal reproducers, slower).
+# long: 5000 random examples per target, shrunk.
+settings.register_profile("ci", max_examples=200, derandomize=True, **_COMMON)
+settings.register_profile("shrink", max_examples=200, derandomize=True, **_COMMON)
+settings.register_profile("shrink", max_examples=200, derandomize=True, **_COMMON)
+settings.register_profile("long", max_examples=5000, **_COMMON)
+settings.load_profile(PROFILE)
+
+ARG_NAMES = {
+    "verify": ["target_logits", "draft_token_ids", "draft_probs", "temperature", "seed", "offset"],
+    "sample": ["logits", "temperature", "seed", "offset", "probs_out"],
+    "kv_append_": ["key_cache", "value_cache", "new_k", "new_v", "lengths", "overflow"],
+    "kv_rollback_": ["lengths", "num_appended", "num_kept", "invalid"],
+    "paged_kv_append_": ["key_cache", "value_cache", "new_k", "new_v", "slot_mapping", "invalid"],
+    "paged_kv_gather": ["key_cache", "value_cache", "block_tables", "lengths", "max_len", "keys_out", "values_out",
+                        "out"],
+    "spec_attention_mask": ["past_lens", "q_len", "kv_len", "dtype", "device"],
+}
+
+_ops = None
+
+
+def ops():
+    global _ops
+    if _ops is None:
+        import specdec_ext  # noqa: F401  (registers torch.ops.specdec)
+        _ops = torch.ops.specdec
+    return _ops
+
+
+def api():
+    import specdec_ext
+    return specdec_ext
+
+
+# =============================================================================================
+# The property
+# =============================================================================================
+_FAILURE_TYPES: Dict[str, type] = {}
+
+
+def fail(kind: str, message: str):
+    """Raise an AssertionError subclass named after `kind`, so that hypothesis reports each
+    kind of failure separately (it tells bugs apart by exception type and location)."""
+    cls = _FAILURE_TYPES.get(kind)
+    if cls is None:
+        name = "".join(c if c.isalnum() else "_" for c in kind)
+        cls = _FAILURE_TYPES[kind] = type(name, (AssertionError,), {})
+    raise cls(f"[{kind}] {message}")
+
+
+@dataclass
+class Verdict:
+    """Why a call must be refused (`refuse`) or may be refused (`either`); empty = must succeed."""
+    refuse: List[str] = field(default_factory=list)
+    either: List[str] = field(default_factory=list)
+
+    def must(self, tag: str, cond: bool = True):
+        if cond:
+            self.refuse.append(tag)
+
+    def may(self, tag: str, cond: bool = True):
+        if cond:
+            self.either.append(tag)
+
+
+@dataclass(repr=False)
+class Case:
+    op: str                    # key of ARG_NAMES
+    via: str                   # "raw" / "wrapper" / ...
+    args: Dict[str, Any]       # as passed, by argument name
+    call: Callable[[], Any]
+    verdict: Verdict
+    check: Callable[[Any, Dict[str, torch.Tensor], Snapshot], None]  # (result, pre-call copies, snapshot)
+    how: Optional[str] = None  # which arguments alias each other
+
+    def __repr__(self):
+        inner = ", ".join(f"{k}={describe(v)}" for k, v in self.args.items())
+        func = self.via if self.via.startswith(self.op) else f"{self.via} {self.op}"
+        return f"{func}({inner})" + (f"  [{self.how}]" if self.how else "")
+
+    def _repr_pretty_(self, p, cycle):  # how hypothesis prints a falsifying example
+        p.text(repr(self))
+
+
+def run_case(case: Case) -> None:
+    note(repr(case))
+    last = os.environ.get("SPECDEC_FUZZ_LAST")
+    if last:
+        with open(last, "w") as f:
+            f.write(repr(case))
+    tensors_in = {k: v for k, v in case.args.items() if isinstance(v, torch.Tensor)}
+    for k, v in case.args.items():  # the wrapper's out=(keys_out, values_out)
+        if isinstance(v, tuple):
+            tensors_in.update({f"{k}[{i}]": t for i, t in enumerate(v) if isinstance(t, torch.Tensor)})
+    pre = {k: v.clone() for k, v in tensors_in.items() if v.device.type == "cpu"}
+    snap = Snapshot(tensors_in)
+    prefix = "meta: " if any(is_meta(t) for t in tensors_in.values()) else ""
+
+    def fail_kind(kind, msg):  # failures with meta tensors are reported apart (fake kernels, device checks)
+        fail(prefix + kind, msg)
+
+    try:
+        out = case.call()
+    except (ValueError, TypeError) as e:
+        msg = str(e)
+        if not case.verdict.refuse and not case.verdict.either:
+            fail_kind(f"refused a valid call ({type(e).__name__})", msg)
+        if not any(name in msg for name in ARG_NAMES[case.op]):
+            fail_kind("error message names no argument", f"{type(e).__name__}: {msg}")
+        changed = snap.changed()
+        if changed:
+            fail_kind("wrote on refusal", f"{changed} changed although the call raised {type(e).__name__}: {msg}")
+        return
+    except Exception as e:  # noqa: BLE001  (the property: nothing but ValueError / TypeError)
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        if not case.verdict.refuse and not case.verdict.either:
+            fail_kind(f"refused a valid call ({type(e).__name__})", first)
+        reasons = case.verdict.refuse or case.verdict.either
+        fail_kind(f"raised {type(e).__name__} instead of ValueError/TypeError ({reasons[0].split()[0]}...)",
+                  f"{first}  (refusal reasons: {reasons})")
+    if case.verdict.refuse:
+        fail_kind(f"accepted: {case.verdict.refuse[0]}",
+                  f"should refuse ({case.verdict.refuse}); returned {describe_out(out)}")
+    case.check(out, pre, snap)
+
+
+def describe_out(out):
+    if isinstance(out, (tuple, list)):
+        return "(" + ", ".join(describe(o) for o in out) + ")"
+    return describe(out)
+
+
+def check_unchanged_except(snap: Snapshot, writes: Dict[str, torch.Tensor], what: str):
+    diff = snap.differences(writes)
+    if diff:
+        fail(f"wrong memory after the call ({what})", f"storage of {diff} differs from the reference")
+
+
+# =============================================================================================
+# Shared argument helpers
+# =============================================================================================
+def is_meta(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "meta"
+
+
+def f32(x: float) -> float:
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def valid_temperature(t: float) -> bool:
+    """csrc/core/verify_math.h: 0, or positive and finite with a finite float32 inverse."""
+    if t != t:
+        return False
+    if t == 0:
+        return True
+    inv = float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(t, dtype=torch.float32))
+    return 0 < t < math.inf and inv < math.inf
+
+
+@st.composite
+def mutated_shape(draw, shape, p: int = 12):
+    """`shape`, or 1 time in p a wrong one (a dim more or less, or one size off by one)."""
+    shape = list(shape)
+    r = draw(st.integers(0, p - 1))
+    if r != p - 1:
+        return shape
+    how = draw(st.sampled_from(["bump", "drop", "add"]))
+    if how == "drop" and shape:
+        return shape[:-1]
+    if how == "add" or not shape:
+        return shape + [1]
+    d = draw(st.integers(0, len(shape) - 1))
+    shape[d] = max(0, shape[d] + draw(st.sampled_from([1, -1])))
+    return shape
+
+
+class Chaos:
+    """Per example: half the examples are clean (documented shapes, dtypes, CPU), the others
+    get a wrong shape / dtype 1 time in ~10 per argument and meta tensors mixed in."""
+
+    def __init__(self, draw, alias: bool):
+        self.draw = draw
+        self.clean = alias or draw(st.booleans())
+        self.all_meta = not self.clean and draw(st.integers(0, 9)) == 9
+
+    def shape(self, shape):
+        return list(shape) if self.clean else self.draw(mutated_shape(shape))
+
+    def fdtype(self):
+        return self.draw(st.sampled_from(FLOAT_DTYPES) if self.clean else float_dtype())
+
+    def idtype(self):
+        return self.draw(st.sampled_from([torch.int64, torch.int32]) if self.clean else index_dtype())
+
+    def meta(self) -> bool:
+        return not self.clean and (self.all_meta or self.draw(st.integers(0, 14)) == 14)
+
+
+@st.composite
+def int_tensor(draw, shape, bound, dtype=None, *, meta=False, kinds=fz.LAYOUT_KINDS, values=None):
+    shape = tuple(shape)
+    n = math.prod(shape)
+    if values is None or values.numel() != n:
+        values = torch.tensor(draw(st.lists(index_value(bound), min_size=n, max_size=n)), dtype=torch.int64)
+    values = values.reshape(shape)
+    dtype = dtype or draw(index_dtype())
+    return draw(tensors(values, dtype, meta=meta, kinds=kinds))
+
+
+def check_index(v: Verdict, t, n: int, name: str, device: str, dtypes=(torch.int64, torch.int32)):
+    """A [n] int32/int64 index vector on `device`."""
+    if not isinstance(t, torch.Tensor):
+        v.must(f"{name} not a tensor")
+        return
+    v.must(f"{name} dtype", t.dtype not in dtypes)
+    v.must(f"{name} shape", tuple(t.shape) != (n,))
+    v.must(f"{name} device (meta mixed with cpu)" if "meta" in (t.device.type, device) else f"{name} device",
+           t.device.type != device)
+
+
+def check_flag(v: Verdict, t, n: int, name: str, device: str):
+    if t is None:
+        return
+    v.must(f"{name} dtype", t.dtype != torch.bool)
+    v.must(f"{name} shape", t.numel() != n or t.dim() > 1)
+    v.must(f"{name} device", t.device.type != device)
+
+
+def check_written_overlaps(v: Verdict, args: Dict[str, Any], written: List[str], flags: List[str] = ()):
+    """Written args: no element overlap inside one, no overlap between two; written vs read:
+    may be refused (else the result must be as if the inputs were copies)."""
+    for name in written:
+        v.must(f"{name} has overlapping elements", internal_overlap(args.get(name)))
+    for name in flags:
+        v.may(f"{name} has overlapping elements", internal_overlap(args.get(name)))
+    mutable = list(written) + list(flags)
+    for i, a in enumerate(mutable):
+        for b in mutable[i + 1:]:
+            ta, tb = args.get(a), args.get(b)
+            v.must(f"written {a} overlaps written {b}", overlaps(ta, tb))
+            v.may(f"written {a} and {b} are one empty tensor", isinstance(ta, torch.Tensor) and isinstance(tb, torch.Tensor)
+                  and ta.device == tb.device and ta.device.type != "meta" and (ta.numel() == 0 or tb.numel() == 0)
+                  and ta.untyped_storage().data_ptr() == tb.untyped_storage().data_ptr())
+    for a in mutable:
+        for b, t in args.items():
+            if b not in mutable and isinstance(t, torch.Tensor):
+                v.may(f"written {a} overlaps read {b}", overlaps(args.get(a), t))
+
+
+@st.composite
+def alias_some_pair(draw, args: Dict[str, Any], names: List[str], unit_last=(), values_for=None):
+    """Replace two of the tensor args `names` by views of one buffer (see fz.alias_pair)."""
+    cands = [n for n in names if isinstance(args.get(n), torch.Tensor) and args[n].device.type == "cpu"]
+    if len(cands) < 2:
+        return args, None
+    a = draw(st.sampled_from(cands))
+    b = draw(st.sampled_from([n for n in cands if n != a]))
+    b_values = None if values_for is None else values_for(b, args)
+    ta, tb, where = draw(alias_pair(args[a], args[b], b_values=b_values, unit_last_a=a in unit_last,
+                                    unit_last_b=b in unit_last))
+    args = dict(args)
+    args[a], args[b] = ta, tb
+    return args, f"{b} aliases {a} ({where})"
+
+
+def temperature_draw():
+    return st.sampled_from(TEMPERATURES)
+
+
+@st.composite
+def py_or_tensor_temperature(draw, B, via, c):
+    """Raw op: a float tensor [] or [B]; wrapper: also a Python number, a bool or a str."""
+    kinds = ["py", "scalar", "row"] + (["bad_py"] if not c.clean else [])
+    kind = draw(st.sampled_from(kinds if via == "wrapper" else ["scalar", "row"]))
+    if kind == "py":
+        return draw(st.one_of(temperature_draw(), st.sampled_from([0, 1, 2])))
+    if kind == "bad_py":
+        return draw(st.sampled_from(["0.5", True, False, None, [1.0], complex(1, 0)]))
+    shape = () if kind == "scalar" else c.shape([B])
+    n = math.prod(shape)
+    vals = torch.tensor(draw(st.lists(temperature_draw(), min_size=n, max_size=n)), dtype=torch.float64)
+    dtype = torch.float32 if c.clean else draw(st.integers(0, 9).flatmap(lambda r: st.sampled_from(
+        [torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.bool]) if r == 9 else st.just(torch.float32)))
+    return draw(tensors(vals.reshape(shape), dtype, meta=c.meta()))
+
+
+@st.composite
+def py_or_tensor_int(draw, B, via, c, allow_none):
+    kinds = ["py", "scalar", "row"] + (["bad_py"] if not c.clean else [])
+    kind = draw(st.sampled_from(kinds if via == "wrapper" else ["scalar", "row"]))
+    ints = st.one_of(st.integers(-5, 2**20), st.sampled_from([INT64_MAX, INT64_MIN, 2**64 - 1, 2**64, -(2**63) - 1]))
+    if kind == "py":
+        return draw(st.one_of(ints, st.just(None)) if allow_none else ints)
+    if kind == "bad_py":
+        return draw(st.sampled_from([2.5, 1.0, True, "7", None]))
+    shape = () if kind == "scalar" else c.shape([B])
+    n = math.prod(shape)
+    vals = torch.tensor(draw(st.lists(st.one_of(st.integers(-5, 2**20), st.sampled_from([INT64_MAX, INT64_MIN])),
+                                      min_size=n, max_size=n)), dtype=torch.int64)
+    dtype = torch.int64 if c.clean else draw(st.integers(0, 9).flatmap(lambda r: st.sampled_from(
+        [torch.int32, torch.float32, torch.uint8, torch.bool]) if r == 9 else st.just(torch.int64)))
+    return draw(tensors(vals.reshape(shape), dtype, meta=c.meta()))
+
+
+def classify_py_temperature(v: Verdict, t, B) -> Optional[float]:
+    """Wrapper temperature given as a Python value; returns its float32 value (None if a tensor)."""
+    if isinstance(t, torch.Tensor):
+        return None
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        v.must(f"temperature of Python type {type(t).__name__}")
+        return 1.0
+    t = float(t)
+    if not (t >= 0 and math.isfinite(t)):
+        v.must("temperature negative / NaN / inf")
+        return 1.0
+    if not valid_temperature(f32(t)):  # finite in float64, unusable in float32 (1e39, 1e-40)
+        v.may("temperature unusable once float32")
+    return f32(t)
+
+
+def classify_py_int(v: Verdict, x, name: str, allow_none: bool):
+    if isinstance(x, torch.Tensor):
+        return
+    if x is None:
+        if not allow_none:
+            v.may(f"{name} None")
+        return
+    if isinstance(x, bool) or not isinstance(x, int):
+        v.must(f"{name} of Python type {type(x).__name__}")
+    elif not INT64_MIN <= x < 2**64:
+        v.must(f"{name} outside 64 bits")
+
+
+def classify_tensor_temperature(v: Verdict, t, B, device) -> Optional[torch.Tensor]:
+    """Returns per-row float32 temperatures (CPU) when they can be read, else None."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    if not (t.dtype.is_floating_point):
+        v.must("temperature dtype")
+        return None
+    v.may("temperature dtype not float32", t.dtype != torch.float32)
+    if t.dim() != 0 and tuple(t.shape) != (B,):
+        v.must("temperature shape")
+        return None
+    if t.dim() == 1 and t.device.type != device:
+        v.must("temperature [B] on another device")
+    if t.dim() == 0 and t.device.type not in ("cpu", device):
+        v.must("temperature on another device (meta mixed with cpu)")
+    if is_meta(t):
+        return None
+    return t.to(torch.float32).expand(B).clone() if t.dim() == 0 else t.to(torch.float32)
+
+
+def classify_tensor_int(v: Verdict, x, name: str, B: int, device: str):
+    if not isinstance(x, torch.Tensor):
+        return
+    v.must(f"{name} dtype", x.dtype not in (torch.int64, torch.int32))
+    v.must(f"{name} shape", x.dim() != 0 and tuple(x.shape) != (B,))
+    v.must(f"{name} on meta with {device} data", x.device.type != device and "meta" in (x.device.type, device))
+
+
+# =============================================================================================
+# verify
+# =============================================================================================
+@st.composite
+def verify_cases(draw, alias: bool = False):
+    via = draw(st.sampled_from(["raw", "wrapper"]))
+    B = draw(size(4))
+    K1 = draw(st.one_of(st.integers(1, 4), st.just(0)))
+    V = draw(st.one_of(st.integers(1, 40), st.sampled_from([300, 0])))
+    K = max(K1 - 1, 0)
+    c = Chaos(draw, alias)
+    meta = c.meta
+
+    shape = c.shape([B, K1, V])
+    logits = draw(tensors(draw(float_values(shape)), c.fdtype(), meta=meta()))
+    ids = draw(int_tensor(c.shape([B, K]), dtype=c.idtype(), bound=V, meta=meta()))
+    probs = None
+    if draw(st.booleans()):
+        pshape = c.shape([B, K, V])
+        probs = draw(tensors(draw(prob_values(pshape)), c.fdtype(), meta=meta()))
+    temperature = draw(py_or_tensor_temperature(B, via, c))
+    seed = draw(py_or_tensor_int(B, via, c, allow_none=True))
+    offset = draw(py_or_tensor_int(B, via, c, allow_none=False))
+    if via == "raw":  # the raw op takes tensors only
+        temperature = temperature if isinstance(temperature, torch.Tensor) else torch.tensor(float(temperature))
+    args = dict(target_logits=logits, draft_token_ids=ids, draft_probs=probs, temperature=temperature, seed=seed,
+                offset=offset)
+    how = None
+    if alias:
+        if seed is None:
+            args["seed"] = seed = 1  # the clone comparison needs a fixed seed
+        args, how = draw(alias_some_pair(args, list(ARG_NAMES["verify"])))
+    return make_verify_case(via, args, how)
+
+
+def make_verify_case(via, args, how=None):
+    a = args
+    logits, ids, probs = a["target_logits"], a["draft_token_ids"], a["draft_probs"]
+    temperature, seed, offset = a["temperature"], a["seed"], a["offset"]
+    v = Verdict()
+    dev = logits.device.type if isinstance(logits, torch.Tensor) else "cpu"
+    ok_meta = logits.dim() == 3
+    v.must("target_logits shape", logits.dim() != 3)
+    v.must("target_logits dtype", logits.dtype not in FLOAT_DTYPES)
+    B, K1, V = (tuple(logits.shape) + (0, 0, 0))[:3] if logits.dim() <= 3 else (0, 0, 0)
+    K = K1 - 1
+    v.must("target_logits K+1 == 0", ok_meta and K1 == 0)
+    v.must("target_logits V == 0", ok_meta and V == 0)
+    v.must("draft_token_ids dtype", ids.dtype not in (torch.int64, torch.int32))
+    v.must("draft_token_ids shape", tuple(ids.shape) != (B, K))
+    v.must("draft_token_ids device", ids.device.type != dev)
+    if probs is not None:
+        v.must("draft_probs dtype", probs.dtype not in FLOAT_DTYPES)
+        v.must("draft_probs shape", tuple(probs.shape) != (B, K, V))
+        v.must("draft_probs device", probs.device.type != dev)
+    t_py = classify_py_temperature(v, temperature, B)
+    t_rows = classify_tensor_temperature(v, temperature, B, dev)
+    if t_py is not None:
+        t_rows = torch.full((B,), t_py, dtype=torch.float32)
+    for name, x in (("seed", seed), ("offset", offset)):
+        classify_py_int(v, x, name, allow_none=name == "seed")
+        classify_tensor_int(v, x, name, B, dev)
+        if isinstance(x, torch.Tensor):
+            v.may(f"{name} int32", x.dtype == torch.int32)
+    scalar_t_bad = (isinstance(temperature, torch.Tensor) and temperature.dim() == 0 and not is_meta(temperature)
+                    and temperature.dtype.is_floating_point and not valid_temperature(f32(float(temperature))))
+    v.may("0-dim temperature tensor unusable", scalar_t_bad)
+
+    def call():
+        if via == "raw":
+            return ops().verify(logits, ids, probs, temperature, seed, offset)
+        return api().verify(logits, ids, probs, temperature, seed=seed, offset=offset)
+
+    def check(out, pre, snap):
+        tokens, num_acc, valid = out
+        for name, t, dt, shp in (("tokens", tokens, torch.int64, (B, K1)), ("num_accepted", num_acc, torch.int64, (B,)),
+                                 ("valid", valid, torch.bool, (B,))):
+            if t.dtype != dt or tuple(t.shape) != shp or t.device.type != dev:
+                fail("verify output metadata", f"{name}: {describe(t)}, expected {dt} {shp} on {dev}")
+        check_unchanged_except(snap, {}, "verify writes no argument")
+        if dev == "meta":
+            return
+        l32 = pre["target_logits"].float()
+        ids64 = pre["draft_token_ids"].long()
+        q = pre["draft_probs"].float() if probs is not None else None
+        T = t_rows if t_rows is not None else torch.ones(B)
+        for b in range(B):
+            row, n, ok = tokens[b].tolist(), int(num_acc[b]), bool(valid[b])
+            Tb = float(T[b])
+            lb = l32[b]
+            must_invalid = (bool((lb != lb).any() | (lb == math.inf).any())
+                            or bool(((ids64[b] < 0) | (ids64[b] >= V)).any())
+                            or not valid_temperature(Tb)
+                            or bool((lb[0] == -math.inf).all()))
+            if q is not None and Tb != 0 and K > 0 and 0 <= int(ids64[b, 0]) < V:
+                q0 = float(q[b, 0, ids64[b, 0]])
+                must_invalid |= not (q0 >= 0) or q0 == math.inf
+            finite_max = lb.abs().max().item() if lb.numel() else 0.0
+            must_valid = (bool(torch.isfinite(lb).all()) and not must_invalid
+                          and (Tb == 0 or finite_max / Tb <= 1e30)
+                          and (q is None or bool((torch.isfinite(q[b]) & (q[b] >= 0) & (q[b] <= 1e30)).all())))
+            if ok and must_invalid:
+                fail("verify: row with NaN/+inf logits, bad draft or bad temperature reported valid",
+                     f"row {b}: tokens {row}, T={Tb}")
+            if not ok and must_valid:
+                fail("verify: usable row reported invalid", f"row {b}: T={Tb}")
+            if not ok:
+                if row != [-1] * K1 or n != 0:
+                    fail("verify: invalid row not all -1 / num_accepted 0", f"row {b}: {row}, n={n}")
+                continue
+            if not 0 <= n <= K:
+                fail("verify: num_accepted out of [0, K]", f"row {b}: n={n}, K={K}")
+            if row[:n] != ids64[b, :n].tolist():
+                fail("verify: accepted tokens differ from the drafts", f"row {b}: {row} drafts {ids64[b].tolist()}")
+            if not 0 <= row[n] < V:
+                fail("verify: emitted token out of [0, V)", f"row {b}: {row}, V={V}")
+            if row[n + 1:] != [-1] * (K - n):
+                fail("verify: tokens after the emitted ones not -1", f"row {b}: {row}, n={n}")
+            for i in range(n + 1):
+                if lb[i, row[i]] == -math.inf:
+                    fail("verify: emitted a token with -inf logit", f"row {b} pos {i}: {row}")
+            if Tb == 0:
+                am = [int(lb[i].argmax()) for i in range(K1)]
+                expect_n = next((i for i in range(K) if int(ids64[b, i]) != am[i]), K)
+                if n != expect_n or row[n] != am[n]:
+                    fail("verify: greedy row differs from argmax", f"row {b}: {row}, argmax {am}, drafts {ids64[b].tolist()}")
+            elif q is None and n < K and row[n] == int(ids64[b, n]):
+                fail("verify: correction equals the rejected one-hot draft", f"row {b}: {row}")
+        if how:  # aliased inputs: same result as the call on separate copies
+            ref = ops().verify(pre["target_logits"], pre["draft_token_ids"], pre.get("draft_probs"),
+                               pre["temperature"] if "temperature" in pre else torch.tensor(t_py),
+                               pre["seed"] if "seed" in pre else torch.tensor(wrap64(seed)),
+                               pre["offset"] if "offset" in pre else torch.tensor(wrap64(offset)))
+            for name, x, y in zip(("tokens", "num_accepted", "valid"), out, ref):
+                if not torch.equal(x, y):
+                    fail("verify: aliased inputs change the result", f"{name}: {x.tolist()} vs copies {y.tolist()}")
+
+    return Case("verify", via, args, call, v, check, how)
+
+
+def wrap64(x: int) -> int:
+    return x - 2**64 if x >= 2**63 else x
+
+
+# =============================================================================================
+# sample
+# =============================================================================================
+@st.composite
+def sample_cases(draw, alias: bool = False):
+    via = draw(st.sampled_from(["raw", "wrapper"]))
+    B = draw(size(4))
+    V = draw(st.one_of(st.integers(1, 40), st.sampled_from([300, 0])))
+    c = Chaos(draw, alias)
+    meta = c.meta
+
+    logits = draw(tensors(draw(float_values(c.shape([B, V]))), c.fdtype(), meta=meta()))
+    temperature = draw(py_or_tensor_temperature(B, via, c))
+    seed = draw(py_or_tensor_int(B, via, c, allow_none=True))
+    offset = draw(py_or_tensor_int(B, via, c, allow_none=False))
+    probs_out = None
+    if alias or draw(st.booleans()):
+        pdtype = torch.float32 if draw(st.integers(0, 9)) != 9 else draw(st.sampled_from([torch.float16, torch.float64]))
+        probs_out = draw(tensors(torch.full(c.shape([B, V]), 7.0), pdtype, meta=meta(), unit_last=True))
+    if via == "raw":
+        temperature = temperature if isinstance(temperature, torch.Tensor) else torch.tensor(float(temperature))
+    args = dict(logits=logits, temperature=temperature, seed=seed, offset=offset, probs_out=probs_out)
+    how = None
+    if alias:
+        if seed is None:
+            args["seed"] = 1
+        args, how = draw(alias_some_pair(args, ARG_NAMES["sample"], unit_last=("probs_out",)))
+    return make_sample_case(via, args, how)
+
+
+def make_sample_case(via, args, how=None):
+    a = args
+    logits, temperature, seed, offset, probs_out = (a["logits"], a["temperature"], a["seed"], a["offset"],
+                                                    a["probs_out"])
+    v = Verdict()
+    dev = logits.device.type
+    v.must("logits shape", logits.dim() != 2)
+    v.must("logits dtype", logits.dtype not in FLOAT_DTYPES)
+    B, V = (tuple(logits.shape) + (0, 0))[:2] if logits.dim() <= 2 else (0, 0)
+    v.must("logits V == 0", logits.dim() == 2 and V == 0)
+    t_py = classify_py_temperature(v, temperature, B)
+    t_rows = classify_tensor_temperature(v, temperature, B, dev)
+    if t_py is not None:
+        t_rows = torch.full((B,), t_py, dtype=torch.float32)
+    for name, x in (("seed", seed), ("offset", offset)):
+        classify_py_int(v, x, name, allow_none=name == "seed")
+        classify_tensor_int(v, x, name, B, dev)
+        if isinstance(x, torch.Tensor):
+            v.may(f"{name} int32", x.dtype == torch.int32)
+    if probs_out is not None:
+        v.must("probs_out dtype", probs_out.dtype != torch.float32)
+        v.must("probs_out shape", tuple(probs_out.shape) != (B, V))
+        v.must("probs_out device", probs_out.device.type != dev)
+        v.must("probs_out stride along V", probs_out.dim() == 2 and V > 1 and probs_out.stride(-1) != 1)
+        check_written_overlaps(v, a, ["probs_out"])
+    scalar_t_bad = (isinstance(temperature, torch.Tensor) and temperature.dim() == 0 and not is_meta(temperature)
+                    and temperature.dtype.is_floating_point and not valid_temperature(f32(float(temperature))))
+    v.may("0-dim temperature tensor unusable", scalar_t_bad)
+
+    def call():
+        if via == "raw":
+            return ops().sample(logits, temperature, seed, offset, probs_out)
+        return api().sample(logits, temperature, seed=seed, offset=offset, probs_out=probs_out)
+
+    def check(tokens, pre, snap):
+        if tokens.dtype != torch.int64 or tuple(tokens.shape) != (B,) or tokens.device.type != dev:
+            fail("sample output metadata", f"{describe(tokens)}, expected int64 [{B}] on {dev}")
+        if dev == "meta":
+            return
+        check_unchanged_except(snap, {"probs_out": probs_out} if probs_out is not None else {},
+                               "only probs_out is written")
+        if how:
+            ref_out = torch.empty(B, V) if probs_out is not None else None
+            ref_tok = ops().sample(pre["logits"], pre["temperature"] if "temperature" in pre else torch.tensor(t_py),
+                                   pre["seed"] if "seed" in pre else torch.tensor(wrap64(seed)),
+                                   pre["offset"] if "offset" in pre else torch.tensor(wrap64(offset)), ref_out)
+            if not torch.equal(ref_tok, tokens):
+                fail("sample: aliased arguments change the result", f"{tokens.tolist()} vs copies {ref_tok.tolist()}")
+            if probs_out is not None and not torch.allclose(probs_out, ref_out, atol=1e-6, equal_nan=True):
+                fail("sample: aliased arguments change probs_out", how)
+        l32 = pre["logits"].float()
+        T = t_rows if t_rows is not None else torch.ones(B)
+        P = probs_out.double() if probs_out is not None else None
+        for b in range(B):
+            tok, lb, Tb = int(tokens[b]), l32[b], float(T[b])
+            invalid = bool((lb != lb).any() | (lb == math.inf).any() | (lb == -math.inf).all()) or not valid_temperature(Tb)
+            if invalid:
+                if tok != -1:
+                    fail("sample: row with NaN/+inf/all -inf logits or bad temperature got a token",
+                         f"row {b}: token {tok}, T={Tb}")
+                if P is not None and bool((P[b] != 0).any()):
+                    fail("sample: probs_out row of an invalid row not 0", f"row {b}: {P[b].tolist()[:8]}")
+                continue
+            if not 0 <= tok < V:
+                fail("sample: token out of [0, V) for finite logits and a valid temperature",
+                     f"row {b}: token {tok}, V={V}, T={Tb}, logits {describe(pre['logits'][b])}")
+            if lb[tok] == -math.inf:
+                fail("sample: drew a token with -inf logit", f"row {b}: token {tok}")
+            if Tb == 0 and tok != int(lb.argmax()):
+                fail("sample: greedy token is not the argmax", f"row {b}: token {tok}, argmax {int(lb.argmax())}")
+            if P is None:
+                continue
+            pb = P[b]
+            if not bool(torch.isfinite(pb).all()) or bool((pb < 0).any()) or abs(float(pb.sum()) - 1) > 1e-3:
+                fail("sample: probs_out row not a distribution", f"row {b}: sum {float(pb.sum())}, {pb.tolist()[:8]}")
+            if pb[tok] <= 0:
+                fail("sample: drawn token has probability 0 in probs_out", f"row {b}: token {tok}")
+            if bool((pb[lb == -math.inf] != 0).any()):
+                fail("sample: probs_out > 0 at a -inf logit", f"row {b}")
+            if Tb == 0:
+                ref = torch.zeros(V, dtype=torch.float64)
+                ref[int(lb.argmax())] = 1
+            else:
+                y = lb.double() / Tb
+                ref = torch.softmax(y, 0) if bool(torch.isfinite(y[y > -math.inf]).all()) else None
+                spread = float(y.max() - y[y > -math.inf].min()) if ref is not None else math.inf
+                ref = ref if spread <= 80 else None
+            if ref is not None and not torch.allclose(pb, ref, atol=1e-4, rtol=1e-3):
+                fail("sample: probs_out differs from softmax(logits / T)",
+                     f"row {b}: max abs err {float((pb - ref).abs().max())}")
+    return Case("sample", via, args, call, v, check, how)
+
+
+# =============================================================================================
+# kv_append_
+# =============================================================================================
+@st.composite
+def kv_append_cases(draw, alias: bool = False):
+    via = draw(st.sampled_from(["raw", "wrapper"]))
+    B, H, M, D, S = draw(size(3)), draw(size(2)), draw(size(6)), draw(size(8)), draw(size(3))
+    c = Chaos(draw, alias)
+    meta = c.meta
+
+    dtype = c.fdtype()
+    kc = draw(tensors(draw(float_values(c.shape([B, H, M, D]))), dtype, unit_last=True, meta=meta()))
+    vdt = dtype if draw(st.integers(0, 11)) else draw(float_dtype(p_bad=2))
+    vc = draw(tensors(draw(float_values(c.shape([B, H, M, D]))), vdt, unit_last=True, meta=meta()))
+    nk = draw(tensors(draw(float_values(c.shape([B, H, S, D]))), dtype if draw(st.integers(0, 11)) else vdt,
+                      meta=meta()))
+    nv = draw(tensors(draw(float_values(c.shape([B, H, S, D]))), vdt, meta=meta()))
+    lvals = torch.tensor(draw(st.lists(st.one_of(st.integers(0, max(M - S, 0)), index_value(M)), min_size=B, max_size=B)),
+                         dtype=torch.int64)
+    lengths = draw(int_tensor(c.shape([B]), dtype=c.idtype(), bound=M, meta=meta(), values=None if draw(st.integers(0, 9)) == 9
+                              else lvals))
+    overflow = None
+    if draw(st.booleans()):
+        overflow = draw(tensors(torch.zeros(c.shape([B])), torch.bool if draw(st.integers(0, 9)) else
+                                torch.int64, meta=meta()))
+    args = dict(key_cache=kc, value_cache=vc, new_k=nk, new_v=nv, lengths=lengths, overflow=overflow)
+    how = None
+    if alias:
+        # Keep the lengths valid when they are placed inside another tensor's memory.
+        args, how = draw(alias_some_pair(args, ARG_NAMES["kv_append_"], unit_last=("key_cache", "value_cache"),
+                                         values_for=lambda n, a: a[n].clone() if n != "lengths" else lvals[:a[n].numel()]
+                                         .reshape(a[n].shape) if lvals.numel() == a[n].numel() else a[n].clone()))
+    return make_kv_append_case(via, args, how)
+
+
+def check_cache_pair(v: Verdict, kc, vc, writes: bool):
+    v.must("key_cache shape", kc.dim() != 4)
+    v.must("value_cache shape", vc.dim() != 4 or tuple(vc.shape) != tuple(kc.shape))
+    v.must("key_cache dtype", kc.dtype not in FLOAT_DTYPES)
+    v.must("value_cache dtype", vc.dtype != kc.dtype)
+    v.must("value_cache device", vc.device != kc.device)
+    for name, t in (("key_cache", kc), ("value_cache", vc)):
+        v.must(f"{name} head dim stride != 1", t.dim() == 4 and t.shape[3] > 1 and t.stride(3) != 1)
+
+
+def check_new(v: Verdict, t, cache, shape, name):
+    v.must(f"{name} dtype", t.dtype != cache.dtype)
+    v.must(f"{name} shape", tuple(t.shape) != tuple(shape))
+    v.must(f"{name} device", t.device != cache.device)
+
+
+def make_kv_append_case(via, args, how=None):
+    a = args
+    kc, vc, nk, nv, lengths, overflow = (a[k] for k in ARG_NAMES["kv_append_"])
+    v = Verdict()
+    dev = kc.device.type
+    check_cache_pair(v, kc, vc, writes=True)
+    B, H, M, D = (tuple(kc.shape) + (0,) * 4)[:4] if kc.dim() <= 4 else (0,) * 4
+    S = nk.shape[2] if nk.dim() == 4 else 0
+    v.must("new_k shape", nk.dim() != 4)
+    check_new(v, nk, kc, (B, H, S, D), "new_k")
+    check_new(v, nv, vc, (B, H, S, D), "new_v")
+    check_index(v, lengths, B, "lengths", dev)
+    check_flag(v, overflow, B, "overflow", dev)
+    check_written_overlaps(v, a, ["key_cache", "value_cache"], flags=["overflow"])
+    data_ok = not v.refuse and dev == "cpu"
+    if data_ok:
+        for n in lengths.tolist():
+            v.must("kv_append_ lengths[b] < 0 (CPU raises)", n < 0)
+            v.must("kv_append_ lengths[b] + S > max_len (CPU raises)", n + S > M)
+
+    def call():
+        if via == "raw":
+            return ops().kv_append_(kc, vc, nk, nv, lengths, overflow)
+        return api().kv_append_(kc, vc, nk, nv, lengths, overflow=overflow)
+
+    def check(out, pre, snap):
+        if out is not None:
+            fail("kv_append_ returned a value", describe_out(out))
+        if dev == "meta":
+            return
+        ek, ev = pre["key_cache"].clone(), pre["value_cache"].clone()
+        for b, n in enumerate(pre["lengths"].tolist()):
+            ek[b, :, n:n + S] = pre["new_k"][b]
+            ev[b, :, n:n + S] = pre["new_v"][b]
+        check_unchanged_except(snap, {"key_cache": ek, "value_cache": ev}, "kv_append_ reference")
+
+    return Case("kv_append_", via, args, call, v, check, how)
+
+
+# =============================================================================================
+# kv_rollback_
+# =============================================================================================
+@st.composite
+def kv_rollback_cases(draw, alias: bool = False):
+    via = draw(st.sampled_from(["raw", "wrapper"]))
+    B = draw(size(4))
+    c = Chaos(draw, alias)
+    num_appended = draw(st.one_of(st.integers(0, 5), st.sampled_from([INT64_MAX, -1, 2**62])))
+    if via == "wrapper":
+        num_appended = draw(st.one_of(st.just(num_appended),
+                                      st.sampled_from([2.7, 3.0, True, "3", 2**63, 2**64, None])))
+    lvals = torch.tensor(draw(st.lists(st.one_of(st.integers(0, 12), index_value(6)), min_size=B, max_size=B)))
+    lengths = draw(int_tensor(c.shape([B]), dtype=c.idtype(), bound=6, values=lvals if draw(st.integers(0, 11)) else None,
+                              meta=c.meta()))
+    kvals = torch.tensor(draw(st.lists(st.one_of(st.integers(0, 5), index_value(5)), min_size=B, max_size=B)))
+    num_kept = draw(int_tensor(c.shape([B]), dtype=c.idtype(), bound=5, values=kvals if draw(st.integers(0, 11)) else None,
+                               meta=c.meta()))
+    if via == "wrapper" and draw(st.integers(0, 3)) == 3:
+        num_kept = draw(st.one_of(st.integers(-2, 6), st.sampled_from([2.5, 1.0, True, "1", 2**63, INT64_MIN])))
+    invalid = None
+    if draw(st.booleans()):
+        invalid = draw(tensors(torch.zeros(c.shape([B])), torch.bool if draw(st.integers(0, 9)) else
+                               torch.int32, meta=c.meta()))
+    args = dict(lengths=lengths, num_appended=num_appended, num_kept=num_kept, invalid=invalid)
+    how = None
+    if alias:
+        args, how = draw(alias_some_pair(args, ARG_NAMES["kv_rollback_"]))
+    return make_kv_rollback_case(via, args, how)
+
+
+def make_kv_rollback_case(via, args, how=None):
+    lengths, num_appended, num_kept, invalid = (args[k] for k in ARG_NAMES["kv_rollback_"])
+    v = Verdict()
+    dev = lengths.device.type
+    v.must("lengths shape", lengths.dim() != 1)
+    B = lengths.shape[0] if lengths.dim() == 1 else 0
+    v.must("lengths dtype", lengths.dtype not in (torch.int64, torch.int32))
+    if isinstance(num_appended, bool) or not isinstance(num_appended, int):
+        v.must(f"num_appended of Python type {type(num_appended).__name__}")
+    elif num_appended < 0:
+        v.must("num_appended < 0")
+    elif num_appended > INT64_MAX:
+        v.must("num_appended outside int64")
+    if isinstance(num_kept, torch.Tensor):
+        check_index(v, num_kept, B, "num_kept", dev)
+    elif isinstance(num_kept, bool) or not isinstance(num_kept, int):
+        v.must(f"num_kept of Python type {type(num_kept).__name__}")
+    elif not INT64_MIN <= num_kept <= INT64_MAX:
+        v.must("num_kept outside int64")
+    check_flag(v, invalid, B, "invalid", dev)
+    check_written_overlaps(v, args, ["lengths"], flags=["invalid"])
+    if not v.refuse and dev == "cpu":
+        kept = num_kept.tolist() if isinstance(num_kept, torch.Tensor) else [num_kept] * B
+        for n, k in zip(lengths.tolist(), kept):
+            v.must("kv_rollback_ num_kept outside [0, num_appended]", not 0 <= k <= num_appended)
+            v.must("kv_rollback_ length would go negative (exact arithmetic)", n - (num_appended - k) < 0)
+
+    def call():
+        if via == "raw":
+            return ops().kv_rollback_(lengths, num_appended, num_kept, invalid)
+        return api().kv_rollback_(lengths, num_appended, num_kept, invalid=invalid)
+
+    def check(out, pre, snap):
+        if out is not None:
+            fail("kv_rollback_ returned a value", describe_out(out))
+        if dev == "meta":
+            return
+        kept = pre["num_kept"].tolist() if "num_kept" in pre else [num_kept] * B
+        new = torch.tensor([n - (num_appended - k) for n, k in zip(pre["lengths"].tolist(), kept)],
+                           dtype=torch.int64).to(lengths.dtype)
+        check_unchanged_except(snap, {"lengths": new}, "kv_rollback_ reference")
+
+    return Case("kv_rollback_", via, args, call, v, check, how)
+
+
+# =============================================================================================
+# paged_kv_append_
+# =============================================================================================
+@st.composite
+def paged_append_cases(draw, alias: bool = False):
+    via = draw(st.sampled_from(["raw", "wrapper"]))
+    NB, BS, H, D, T = draw(size(3)), draw(size(4)), draw(size(2)), draw(size(8)), draw(size(5))
+    c = Chaos(draw, alias)
+    meta = c.meta
+
+    dtype = c.fdtype()
+    kc = draw(tensors(draw(float_values(c.shape([NB, BS, H, D]))), dtype, unit_last=True, meta=meta()))
+    vdt = dtype if draw(st.integers(0, 11)) else draw(float_dtype(p_bad=2))
+    vc = draw(tensors(draw(float_values(c.shape([NB, BS, H, D]))), vdt, unit_last=True, meta=meta()))
+    nk = draw(tensors(draw(float_values(c.shape([T, H, D]))), dtype, meta=meta()))
+    nv = draw(tensors(draw(float_values(c.shape([T, H, D]))), vdt, meta=meta()))
+    nslots = NB * BS
+    # Mostly a permutation of distinct slots with some -1 padding; sometimes anything.
+    perm = draw(st.permutations(list(range(nslots)) + [-1] * T))[:T] if nslots + T else []
+    svals = torch.tensor(perm if draw(st.integers(0, 5)) else draw(st.lists(index_value(nslots), min_size=T, max_size=T)),
+                         dtype=torch.int64)
+    slots = draw(int_tensor(c.shape([T]), dtype=c.idtype(), bound=nslots, values=svals if svals.numel() else None, meta=meta()))
+    invalid = None
+    if draw(st.booleans()):
+        ishape = draw(st.sampled_from([(), (1,), (2,), (1, 1)]))
+        invalid = draw(tensors(torch.zeros(ishape), torch.bool if draw(st.integers(0, 9)) else torch.uint8,
+                               meta=meta()))
+    args = dict(key_cache=kc, value_cache=vc, new_k=nk, new_v=nv, slot_mapping=slots, invalid=invalid)
+    how = None
+    if alias:
+        args, how = draw(alias_some_pair(args, ARG_NAMES["paged_kv_append_"], unit_last=("key_cache", "value_cache"),
+                                         values_for=lambda n, a: svals.reshape(a[n].shape) if n == "slot_mapping"
+                                         and svals.numel() == a[n].numel() else a[n].clone()))
+    return make_paged_append_case(via, args, how)
+
+
+def make_paged_append_case(via, args, how=None):
+    kc, vc, nk, nv, slots, invalid = (args[k] for k in ARG_NAMES["paged_kv_append_"])
+    v = Verdict()
+    dev = kc.device.type
+    check_cache_pair(v, kc, vc, writes=True)
+    NB, BS, H, D = (tuple(kc.shape) + (0,) * 4)[:4] if kc.dim() <= 4 else (0,) * 4
+    v.must("key_cache block_size 0", kc.dim() == 4 and BS == 0)
+    v.must("new_k shape", nk.dim() != 3)
+    T = nk.shape[0] if nk.dim() == 3 else 0
+    check_new(v, nk, kc, (T, H, D), "new_k")
+    check_new(v, nv, vc, (T, H, D), "new_v")
+    check_index(v, slots, T, "slot_mapping", dev)
+    check_flag(v, invalid, 1, "invalid", dev)
+    check_written_overlaps(v, args, ["key_cache", "value_cache"], flags=["invalid"])
+    if not v.refuse and dev == "cpu":
+        used = [s for s in slots.tolist() if s != -1]
+        v.must("paged_kv_append_ slot out of range (CPU raises)", any(not 0 <= s < NB * BS for s in used))
+        v.must("paged_kv_append_ repeated slot (CPU raises)", len(set(used)) != len(used))
+
+    def call():
+        if via == "raw":
+            return ops().paged_kv_append_(kc, vc, nk, nv, slots, invalid)
+        return api().paged_kv_append_(kc, vc, nk, nv, slots, invalid=invalid)
+
+    def check(out, pre, snap):
+        if out is not None:
+            fail("paged_kv_append_ returned a value", describe_out(out))
+        if dev == "meta":
+            return
+        ek, ev = pre["key_cache"].clone(), pre["value_cache"].clone()
+        for t, s in enumerate(pre["slot_mapping"].tolist()):
+            if s >= 0:
+                ek[s // BS, s % BS] = pre["new_k"][t]
+                ev[s // BS, s % BS] = pre["new_v"][t]
+        check_unchanged_except(snap, {"key_cache": ek, "value_cache": ev}, "paged_kv_append_ reference")
+
+    return Case("paged_kv_append_", via, args, call, v, check, how)
+
+
+# =============================================================================================
+# paged_kv_gather / paged_kv_gather_into_
+# =============================================================================================
+@st.composite
+def paged_gather_cases(draw, alias: bool = False):
+    via = draw(st.sampled_from(["raw", "raw_into", "wrapper", "wrapper_out"]))
+    NB, BS, H, D = draw(size(3)), draw(size(4)), draw(size(2)), draw(size(8))
+    B, MB, L = draw(size(3)), draw(size(3)), draw(size(8))
+    c = Chaos(draw, alias)
+    meta = c.meta
+
+    dtype = c.fdtype()
+    kc = draw(tensors(draw(float_values(c.shape([NB, BS, H, D]))), dtype, unit_last=True, meta=meta()))
+    same = draw(st.integers(0, 5)) == 5  # the same tensor for keys and values (read-only: allowed)
+    vc = kc if same else draw(tensors(draw(float_values(c.shape([NB, BS, H, D]))),
+                                      dtype if draw(st.integers(0, 11)) else draw(float_dtype(p_bad=2)),
+                                      unit_last=True, meta=meta()))
+    tvals = torch.tensor(draw(st.lists(st.one_of(st.integers(0, max(NB - 1, 0)), index_value(NB)),
+                                       min_size=B * MB, max_size=B * MB)), dtype=torch.int64).reshape(B, MB)
+    tables = draw(int_tensor(c.shape([B, MB]), dtype=c.idtype(), bound=NB, values=tvals if draw(st.integers(0, 9)) else None,
+                             meta=meta()))
+    lvals = torch.tensor(draw(st.lists(st.one_of(st.integers(0, min(L, MB * BS)), index_value(L)), min_size=B, max_size=B)),
+                         dtype=torch.int64)
+    lengths = draw(int_tensor(c.shape([B]), dtype=c.idtype(), bound=L, values=lvals if draw(st.integers(0, 9)) else None,
+                              meta=meta()))
+    max_len = L if draw(st.integers(0, 7)) else draw(st.sampled_from([-1, L + 1, 0]))
+    if via.startswith("wrapper") and draw(st.integers(0, 7)) == 7:
+        max_len = draw(st.sampled_from([float(L), L + 0.5, True, str(L), None]))
+    keys_out = values_out = None
+    if via in ("raw_into", "wrapper_out"):
+        keys_out = draw(tensors(torch.full(c.shape([B, H, L, D]), 5.0), dtype, unit_last=True, meta=meta()))
+        values_out = draw(tensors(torch.full(c.shape([B, H, L, D]), 6.0),
+                                  dtype if draw(st.integers(0, 11)) else draw(float_dtype(p_bad=2)), unit_last=True,
+                                  meta=meta()))
+    args = dict(key_cache=kc, value_cache=vc, block_tables=tables, lengths=lengths, max_len=max_len,
+                keys_out=keys_out, values_out=values_out)
+    how = None
+    if alias:
+        args, how = draw(alias_some_pair(
+            args, ARG_NAMES["paged_kv_gather"], unit_last=("key_cache", "value_cache", "keys_out", "values_out"),
+            values_for=lambda n, a: (lvals if n == "lengths" else tvals if n == "block_tables" else a[n]).clone()
+            .reshape(a[n].shape) if (lvals if n == "lengths" else tvals if n == "block_tables" else a[n]).numel()
+            == a[n].numel() else a[n].clone()))
+    return make_paged_gather_case(via, args, how)
+
+
+def make_paged_gather_case(via, args, how=None):
+    kc, vc, tables, lengths, max_len, keys_out, values_out = (args[k] for k in ARG_NAMES["paged_kv_gather"][:7])
+    v = Verdict()
+    dev = kc.device.type
+    into = via in ("raw_into", "wrapper_out")
+    v.must("key_cache shape", kc.dim() != 4)
+    v.must("value_cache shape", vc.dim() != 4 or tuple(vc.shape) != tuple(kc.shape))
+    v.must("key_cache dtype", kc.dtype not in FLOAT_DTYPES)
+    v.must("value_cache dtype", vc.dtype != kc.dtype)
+    v.must("value_cache device", vc.device != kc.device)
+    for name, t in (("key_cache", kc), ("value_cache", vc)):
+        v.must(f"{name} head dim stride != 1", t.dim() == 4 and t.shape[3] > 1 and t.stride(3) != 1)
+    NB, BS, H, D = (tuple(kc.shape) + (0,) * 4)[:4] if kc.dim() <= 4 else (0,) * 4
+    v.must("key_cache block_size 0", kc.dim() == 4 and BS == 0)
+    v.must("block_tables shape", tables.dim() != 2)
+    v.must("block_tables dtype", tables.dtype not in (torch.int32, torch.int64))
+    v.must("block_tables device", tables.device != kc.device)
+    B, MB = (tuple(tables.shape) + (0, 0))[:2] if tables.dim() <= 2 else (0, 0)
+    check_index(v, lengths, B, "lengths", dev)
+    L = None
+    if into:
+        if via == "wrapper_out" and max_len is not None:
+            if isinstance(max_len, bool) or not isinstance(max_len, int):
+                v.must(f"max_len of Python type {type(max_len).__name__}")
+            elif keys_out.dim() == 4 and keys_out.shape[2] != max_len:
+                v.must("max_len differs from out's length")
+        v.must("keys_out shape", keys_out.dim() != 4)
+        L = keys_out.shape[2] if keys_out.dim() == 4 else 0
+        for name, o in (("keys_out", keys_out), ("values_out", values_out)):
+            v.must(f"{name} dtype", o.dtype != kc.dtype)
+            v.must(f"{name} shape", tuple(o.shape) != (B, H, L, D))
+            v.must(f"{name} device", o.device != kc.device)
+            v.must(f"{name} head dim stride != 1", o.dim() == 4 and o.shape[3] > 1 and o.stride(3) != 1)
+        check_written_overlaps(v, args, ["keys_out", "values_out"])
+    else:
+        if isinstance(max_len, bool) or not isinstance(max_len, int):
+            v.must(f"max_len of Python type {type(max_len).__name__}")
+            L = 0
+        else:
+            L = max_len
+            v.must("max_len < 0", L < 0)
+    if not v.refuse and dev == "cpu":
+        tl = tables.tolist()
+        for b, n in enumerate(lengths.tolist()):
+            v.must("paged_kv_gather length outside [0, max_len] (CPU raises)", not 0 <= n <= L)
+            v.must("paged_kv_gather length beyond the table (CPU raises)", n > MB * BS)
+            if 0 <= n <= min(L, MB * BS):
+                v.must("paged_kv_gather used table entry outside [0, NB) (CPU raises)",
+                       any(not 0 <= tl[b][p // BS] < NB for p in range(0, n, BS)))
+    kv_args = args
+
+    def call():
+        if via == "raw":
+            return ops().paged_kv_gather(kc, vc, tables, lengths, max_len)
+        if via == "raw_into":
+            return ops().paged_kv_gather_into_(kc, vc, tables, lengths, keys_out, values_out)
+        if via == "wrapper":
+            return api().paged_kv_gather(kc, vc, tables, lengths, max_len)
+        return api().paged_kv_gather(kc, vc, tables, lengths, max_len, out=(keys_out, values_out))
+
+    def check(out, pre, snap):
+        if via == "raw_into":
+            if out is not None:
+                fail("paged_kv_gather_into_ returned a value", describe_out(out))
+            keys, values = keys_out, values_out
+        else:
+            keys, values = out
+            if into and (keys is not keys_out or values is not values_out):
+                fail("paged_kv_gather(out=) did not return the out tensors", describe_out(out))
+        for name, o, c in (("keys", keys, kc), ("values", values, vc)):
+            if o.dtype != c.dtype or tuple(o.shape) != (B, H, L, D) or o.device != c.device:
+                fail("paged_kv_gather output metadata", f"{name}: {describe(o)}, expected [{B}, {H}, {L}, {D}]")
+        if dev == "meta":
+            return
+        pk, pv = pre["key_cache"], pre["value_cache"]
+        ek, ev = torch.zeros(B, H, L, D, dtype=kc.dtype), torch.zeros(B, H, L, D, dtype=kc.dtype)
+        tl = pre["block_tables"].tolist()
+        for b, n in enumerate(pre["lengths"].tolist()):
+            for p in range(n):
+                blk = tl[b][p // BS]
+                ek[b, :, p] = pk[blk, p % BS]
+                ev[b, :, p] = pv[blk, p % BS]
+        if into:
+            check_unchanged_except(snap, {"keys_out": ek, "values_out": ev}, "paged_kv_gather_into_ reference")
+        else:
+            check_unchanged_except(snap, {}, "paged_kv_gather writes no argument")
+            for name, o, e in (("keys", keys, ek), ("values", values, ev)):
+                if not torch.equal(o.contiguous().view(torch.uint8), e.view(torch.uint8)):
+                    fail("paged_kv_gather differs from the reference", name)
+                if not o.is_contiguous():
+                    fail("paged_kv_gather output not contiguous", describe(o))
+
+    # Snapshot the out tensors under their argument names.
+    return Case("paged_kv_gather", via, kv_args, call, v, check, how)
+
+
+# =============================================================================================
+# spec_attention_mask / spec_attention_mask_bool (pure Python)
+# =============================================================================================
+@st.composite
+def mask_cases(draw, alias: bool = False):
+    additive = draw(st.booleans())
+    B = draw(size(3))
+    c = Chaos(draw, alias)
+    kind = draw(st.sampled_from(["tensor", "list", "int"] + ([] if c.clean else ["bad"])))
+    pvals = draw(st.lists(st.one_of(st.integers(0, 6), st.integers(-3, 6), st.sampled_from([INT64_MAX, INT64_MIN])),
+                          min_size=B, max_size=B))
+    if kind == "tensor":
+        meta = c.meta()
+        dt = c.idtype() if c.clean or draw(st.integers(0, 4)) else draw(st.sampled_from([torch.float32, torch.bool,
+                                                                                         torch.uint8]))
+        shp = c.shape([B])
+        n = math.prod(shp)
+        past = draw(tensors(torch.tensor((pvals + [1] * n)[:n], dtype=torch.int64).reshape(shp), dt, meta=meta))
+    elif kind == "list":
+        past = pvals
+        if draw(st.integers(0, 3)) == 3 and B:
+            past = list(pvals)
+            past[draw(st.integers(0, B - 1))] = draw(st.sampled_from([1.5, 2.0, True, "1", 2**63, None]))
+    elif kind == "int":
+        past = pvals[0] if pvals else 0
+    else:
+        past = draw(st.sampled_from([True, 1.5, "3", None]))
+
+    def maybe_bad(good, bad):
+        return draw(good if c.clean or draw(st.integers(0, 4)) else st.sampled_from(bad))
+
+    q_len = maybe_bad(st.integers(0, 4), [-1, 2.0, True, "1"])
+    kv_len = maybe_bad(st.integers(0, 12), [-1, 3.0, False, None])
+    dtype = maybe_bad(st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64]),
+                      [torch.int64, torch.bool, "float32"])
+    device = draw(st.sampled_from([None, "cpu"] + ([] if c.clean else ["meta"])))
+    args = dict(past_lens=past, q_len=q_len, kv_len=kv_len, device=device)
+    if additive:
+        args["dtype"] = dtype
+    return make_mask_case(additive, args)
+
+
+def make_mask_case(additive, args):
+    past, q_len, kv_len, device = args["past_lens"], args["q_len"], args["kv_len"], args["device"]
+    dtype = args.get("dtype", torch.bool)
+    v = Verdict()
+    for name, x in (("q_len", q_len), ("kv_len", kv_len)):
+        v.must(f"{name} not an int >= 0", isinstance(x, bool) or not isinstance(x, int) or x < 0)
+    if additive:
+        v.must("dtype not a floating torch.dtype", not isinstance(dtype, torch.dtype) or not dtype.is_floating_point)
+    vals = None
+    if isinstance(past, torch.Tensor):
+        v.must("past_lens shape", past.dim() != 1)
+        v.must("past_lens dtype", past.dtype.is_floating_point or past.dtype == torch.bool)
+        v.may("past_lens uint8", past.dtype == torch.uint8)
+        out_dev = device if device is not None else past.device.type
+        if not is_meta(past):
+            vals = past.tolist() if past.dim() == 1 else None
+    elif isinstance(past, bool) or not isinstance(past, (int, list)):
+        v.must(f"past_lens of Python type {type(past).__name__}")
+        out_dev = "cpu"
+    else:
+        vals = [past] if isinstance(past, int) else past
+        bad = [x for x in vals if isinstance(x, bool) or not isinstance(x, int)]
+        v.must("past_lens entry not an int", bool(bad))
+        v.must("past_lens entry outside int64", not bad and any(not INT64_MIN <= x <= INT64_MAX for x in vals))
+        out_dev = device or "cpu"
+    if vals is not None and not v.refuse and out_dev == "cpu" and vals:
+        v.must("kv_len shorter than max(past_lens) + q_len", max(vals) + q_len > kv_len)
+    # A tensor on CPU moved to meta by `device=` (or the reverse): either is fine.
+    v.may("past_lens moved between devices", isinstance(past, torch.Tensor) and device not in (None, past.device.type))
+
+    def call():
+        kw = {"device": device} if device is not None else {}
+        if additive:
+            return api().spec_attention_mask(past, q_len, kv_len, dtype, **kw)
+        return api().spec_attention_mask_bool(past, q_len, kv_len, **kw)
+
+    def check(out, pre, snap):
+        B = len(vals) if vals is not None else (past.shape[0] if isinstance(past, torch.Tensor) else 1)
+        if tuple(out.shape) != (B, 1, q_len, kv_len) or out.dtype != dtype or out.device.type != out_dev:
+            fail("mask metadata", f"{describe(out)}, expected {dtype} [{B}, 1, {q_len}, {kv_len}] on {out_dev}")
+        if out.device.type == "meta" or vals is None:
+            return
+        allowed = torch.zeros(B, 1, q_len, kv_len, dtype=torch.bool)
+        for b, p in enumerate(vals):
+            for i in range(q_len):
+                pos = p + i
+                allowed[b, 0, i] = True if pos < 0 else torch.arange(kv_len) <= pos
+        exp = allowed if not additive else torch.where(allowed, torch.zeros((), dtype=dtype),
+                                                       torch.full((), torch.finfo(dtype).min, dtype=dtype))
+        if not torch.equal(out.cpu(), exp):
+            fail("mask differs from the reference", f"past {vals}, q_len {q_len}, kv_len {kv_len}")
+
+    name = "spec_attention_mask" if additive else "spec_attention_mask_bool"
+    return Case("spec_attention_mask", name, args, call, v, check)
+
+
+# =============================================================================================
+# Targets: one hypothesis search each (run in a subprocess by test_fuzz)
+# =============================================================================================
+# Known-bug reproducers pinned as explicit examples (hypothesis runs them first).
+def _pinned_sample():
+    f = torch.tensor
+    return [make_sample_case("wrapper", dict(logits=f([[6.34375, 6.0]]), temperature=1e-20, seed=1, offset=0,
+                                             probs_out=None)),
+            make_sample_case("wrapper", dict(logits=f([[3e38, 0.0]]), temperature=0.5, seed=1, offset=0,
+                                             probs_out=None)),
+            make_sample_case("wrapper", dict(logits=f([[1.0, 2.0]]), temperature="0.5", seed=1, offset=0,
+                                             probs_out=None))]
+
+
+def _pinned_verify():
+    f = torch.tensor
+    return [make_verify_case("wrapper", dict(target_logits=f([[[1.5409960746765137]]]), draft_token_ids=torch.zeros(
+                                             1, 0, dtype=torch.int64), draft_probs=None, temperature=1e-38, seed=0,
+                                             offset=0)),
+            make_verify_case("wrapper", dict(target_logits=torch.zeros(1, 2, 4), draft_token_ids=f([[1]]),
+                                             draft_probs=None, temperature=1.0,
+                                             seed=f([1], device="meta"), offset=0))]
+
+
+def _pinned_rollback():
+    f = torch.tensor
+    return [make_kv_rollback_case("wrapper", dict(lengths=f([-2]), num_appended=INT64_MAX, num_kept=f([0]),
+                                                  invalid=None)),
+            make_kv_rollback_case("wrapper", dict(lengths=f([3]), num_appended=2, num_kept=f([1], device="meta"),
+                                                  invalid=None)),
+            make_kv_rollback_case("wrapper", dict(lengths=f([5]).expand(3), num_appended=2, num_kept=f([1, 1, 1]),
+                                                  invalid=None)),
+            make_kv_rollback_case("wrapper", dict(lengths=f([5]), num_appended=2.7, num_kept=f([1]), invalid=None))]
+
+
+def _pinned_kv_append():
+    buf = torch.zeros(2 * 1 * 6 * 2)
+    kc = buf.view(1, 2, 6, 2)  # lengths is kc[0, 0, 3]: the first position the append writes
+    lengths = buf.view(torch.int64)[3:4]
+    lengths[0] = 3
+    return [make_kv_append_case("raw", dict(key_cache=kc, value_cache=torch.zeros(1, 2, 6, 2),
+                                            new_k=torch.full((1, 2, 3, 2), 1e30), new_v=torch.ones(1, 2, 3, 2),
+                                            lengths=lengths, overflow=None), "lengths aliases key_cache")]
+
+
+def _pinned_paged_append():
+    buf = torch.zeros(2 * 2 * 1 * 4)
+    kc = buf.view(2, 2, 1, 4)
+    slots = buf.view(torch.int64)[:2]
+    slots[0], slots[1] = 0, 2  # token 0 goes to slot 0, where slot_mapping itself lives
+    return [make_paged_append_case("raw", dict(key_cache=kc, value_cache=torch.zeros(2, 2, 1, 4),
+                                               new_k=torch.full((2, 1, 4), 3e38), new_v=torch.ones(2, 1, 4),
+                                               slot_mapping=slots, invalid=None), "slot_mapping aliases key_cache")]
+
+
+def _pinned_gather():
+    kc = torch.arange(2 * 2 * 1 * 2, dtype=torch.float32).view(2, 2, 1, 2)
+    tables, lengths = torch.tensor([[1, 0]], dtype=torch.int32), torch.tensor([3])
+    base = torch.zeros(32)
+    # keys_out / values_out: non-dense as_strided views that overlap (elements 3p+d and 1+3p+d).
+    keys_out = base.as_strided((1, 1, 4, 2), (16, 16, 3, 1), 0)
+    values_out = base.as_strided((1, 1, 4, 2), (16, 16, 3, 1), 1)
+    return [make_paged_gather_case("raw", dict(key_cache=kc, value_cache=kc, block_tables=tables, lengths=lengths,
+                                               max_len=4, keys_out=None, values_out=None)),
+            make_paged_gather_case("raw_into", dict(key_cache=kc, value_cache=kc.clone(), block_tables=tables,
+                                                    lengths=lengths, max_len=None, keys_out=keys_out,
+                                                    values_out=values_out))]
+
+
+def _pinned_kv_append_caches():
+    base = torch.zeros(64)
+    # key_cache / value_cache: non-dense as_strided views that overlap.
+    kc = base.as_strided((1, 1, 4, 2), (16, 16, 3, 1), 0)
+    vc = base.as_strided((1, 1, 4, 2), (16, 16, 3, 1), 1)
+    return [make_kv_append_case("raw", dict(key_cache=kc, value_cache=vc, new_k=torch.ones(1, 1, 2, 2),
+                                            new_v=torch.full((1, 1, 2, 2), 2.0), lengths=torch.tensor([1]),
+                                            overflow=None), "value_cache overlaps key_cache (non-dense)")]
+
+
+def _pinned_mask():
+    return [make_mask_case(False, dict(past_lens=[1.5], q_len=1, kv_len=4, device=None)),
+            make_mask_case(True, dict(past_lens=[2, True], q_len=1, kv_len=4, device=None, dtype=torch.float32))]
+
+
+# name -> (hypothesis search, pinned cases run after it: reproducers of known bugs)
+def _build_targets():
+    return {
+        "verify": (verify_cases(), _pinned_verify),
+        "verify_alias": (verify_cases(alias=True), None),
+        "sample": (sample_cases(), _pinned_sample),
+        "sample_alias": (sample_cases(alias=True), None),
+        "kv_append_": (kv_append_cases(), _pinned_kv_append_caches),
+        "kv_append_alias": (kv_append_cases(alias=True), _pinned_kv_append),
+        "kv_rollback_": (kv_rollback_cases(), _pinned_rollback),
+        "kv_rollback_alias": (kv_rollback_cases(alias=True), None),
+        "paged_kv_append_": (paged_append_cases(), None),
+        "paged_kv_append_alias": (paged_append_cases(alias=True), _pinned_paged_append),
+        "paged_kv_gather": (paged_gather_cases(), _pinned_gather),
+        "paged_kv_gather_alias": (paged_gather_cases(alias=True), None),
+        "spec_attention_mask": (mask_cases(), _pinned_mask),
+    }
+
+
+TARGET_NAMES = ["verify", "verify_alias", "sample", "sample_alias", "kv_append_", "kv_append_alias", "kv_rollback_",
+                "kv_rollback_alias", "paged_kv_append_", "paged_kv_append_alias", "paged_kv_gather",
+                "paged_kv_gather_alias", "spec_attention_mask"]
+
+
+def run_target(name: str) -> int:
+    """Child process: run one target's search; print each distinct failure; exit status 1 if any."""
+    import faulthandler
+    faulthandler.enable()
+    torch.set_num_threads(1)
+    strategy, pinned = _build_targets()[name]
+    failures = []  # (exception, notes)
+    if PROFILE == "ci":  # collect every kind of failure, keep the shortest example of each
+        seen: Dict[type, tuple] = {}
+
+        def collect(case):
+            try:
+                run_case(case)
+            except AssertionError as err:
+                text = repr(case)
+                if type(err) not in seen or len(text) < len(seen[type(err)][1][0]):
+                    seen[type(err)] = (err, [f"example: {text}"])
+
+        given(case=strategy)(collect)()
+        failures += list(seen.values())
+    else:
+        try:
+            given(case=strategy)(run_case)()
+        except BaseException as e:  # noqa: BLE001  (an ExceptionGroup when several bugs were found)
+            errors = list(e.exceptions) if isinstance(e, BaseExceptionGroup) else [e]
+            failures += [(err, getattr(err, "__notes__", [])) for err in errors]
+    report(name, "search", failures)
+    # Pinned reproducers of known bugs last: one of them may crash the process.
+    pinned_failures = []
+    for case in (pinned() if pinned else []):
+        print(f"pinned example: {case!r}", flush=True)
+        try:
+            given(st.just(case))(run_case)()
+        except AssertionError as e:
+            pinned_failures.append((e, [f"example: {case!r}"]))
+    report(name, "pinned examples", pinned_failures)
+    return 1 if failures or pinned_failures else 0
+
+
+def report(name, what, failures):
+    if not failures:
+        print(f"=== {name} [{PROFILE}] {what}: passed", flush=True)
+        return
+    print(f"=== {name} [{PROFILE}] {what}: {len(failures)} failure(s)")
+    for err, notes in failures:
+        print(f"--- {err}")
+        for n in notes:
+            print("    " + n.replace("\n", "\n    "))
+    sys.stdout.flush()
+
+
+# =============================================================================================
+# pytest side: every target in a subprocess (crash isolation), two at a time
+# =============================================================================================
+_TIMEOUT_S = 1800 if PROFILE == "long" else 600
+
+
+def _spawn(name: str):
+    with tempfile.NamedTemporaryFile("w+", suffix=".txt", delete=False) as f:
+        last = f.name
+    env = dict(os.environ, SPECDEC_FUZZ_LAST=last, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
+    try:
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), name], capture_output=True, text=True,
+                              env=env, timeout=_TIMEOUT_S, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        rc, out = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out = None, f"timed out after {_TIMEOUT_S} s\n{e.stdout or ''}{e.stderr or ''}"
+    with open(last) as f:
+        last_case = f.read()
+    os.unlink(last)
+    return rc, out, last_case
+
+
+@pytest.fixture(scope="module")
+def fuzz_runs(request):
+    """Start the selected targets' subprocesses (os.cpu_count() at a time) on first use."""
+    wanted = [item.callspec.params["target"] for item in request.session.items
+              if getattr(item, "originalname", None) == "test_fuzz" and hasattr(item, "callspec")]
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
+    futures = {name: pool.submit(_spawn, name) for name in wanted}
+    yield futures
+    pool.shutdown(wait=True)
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_fuzz(target, fuzz_runs):
+    rc, out, last_case = fuzz_runs[target].result()
+    if rc == 0:
+        return
+    if rc is None:
+        pytest.fail(f"fuzz target {target} timed out; last example: {last_case}\n{out[-4000:]}", pytrace=False)
+    if rc < 0:
+        sig = signal.Signals(-rc).name
+        pytest.fail(f"fuzz target {target} CRASHED with {sig}; last example:\n  {last_case}\n{out[-3000:]}",
+                    pytrace=False)
+    pytest.fail(f"fuzz target {target} found failures:\n{out[-12000:]}", pytrace=False)
+
+
+if __name__ == "__main__":
+    sys.exit(run_target(sys.argv[1]))
