@@ -22,6 +22,9 @@ def _past_tensor(past_lens: PastLens, device) -> torch.Tensor:
         if past_lens.dtype.is_floating_point or past_lens.dtype.is_complex or past_lens.dtype == torch.bool:
             raise TypeError(f"past_lens must be an integer tensor, got {past_lens.dtype}")
         if device is not None and torch.device(device) != past_lens.device:
+            if "meta" in (past_lens.device.type, torch.device(device).type):
+                raise ValueError(f"past_lens is on {past_lens.device} but device={device}: a meta tensor cannot "
+                                 "move to or from another device")
             past_lens = past_lens.to(device)
         return past_lens.to(torch.int64)
     if not isinstance(past_lens, (list, tuple)):

@@ -7,6 +7,7 @@ from typing import Optional, Union
 import torch
 
 from .._validate import check_int
+from ._fake_checks import INDEX, check_cache_pair, check_devices, check_dim, check_dtype
 
 __all__ = ["kv_append_", "kv_rollback_"]
 
@@ -83,12 +84,26 @@ def kv_rollback_(
 
 @torch.library.register_fake("specdec::kv_append_")
 def _kv_append_fake(key_cache, value_cache, new_k, new_v, lengths, overflow=None):
-    torch._check(key_cache.dim() == 4, lambda: "key_cache must be [B, H, max_len, D]")
-    torch._check(new_k.dim() == 4, lambda: "new_k must be [B, H, S, D]")
+    check_devices(key_cache, "key_cache", dict(value_cache=value_cache, new_k=new_k, new_v=new_v, lengths=lengths,
+                                               overflow=overflow))
+    check_cache_pair(key_cache, value_cache, 4, "[B, H, max_len, D]")
+    check_dim(new_k, "new_k", 4, "[B, H, S, D]")
+    check_dim(new_v, "new_v", 4, "[B, H, S, D]")
+    check_dtype(new_k, "new_k", (key_cache.dtype,))
+    check_dtype(new_v, "new_v", (key_cache.dtype,))
+    check_dim(lengths, "lengths", 1, "[B]")
+    check_dtype(lengths, "lengths", INDEX)
+    check_dtype(overflow, "overflow", (torch.bool,))
     return None
 
 
 @torch.library.register_fake("specdec::kv_rollback_")
 def _kv_rollback_fake(lengths, num_appended, num_kept, invalid=None):
-    torch._check(lengths.dim() == 1, lambda: "lengths must be [B]")
+    check_devices(lengths, "lengths", dict(num_kept=num_kept, invalid=invalid))
+    check_dim(lengths, "lengths", 1, "[B]")
+    check_dtype(lengths, "lengths", INDEX)
+    check_dtype(num_kept, "num_kept", INDEX)
+    check_dtype(invalid, "invalid", (torch.bool,))
+    if num_appended < 0:
+        raise ValueError(f"num_appended must be >= 0, got {num_appended}")
     return None

@@ -7,6 +7,7 @@ from typing import Optional, Tuple
 import torch
 
 from .._validate import check_int
+from ._fake_checks import INDEX, check_cache_pair, check_devices, check_dim, check_dtype
 
 __all__ = ["paged_kv_append_", "paged_kv_gather"]
 
@@ -89,15 +90,37 @@ def paged_kv_gather(
 
 @torch.library.register_fake("specdec::paged_kv_append_")
 def _paged_kv_append_fake(key_cache, value_cache, new_k, new_v, slot_mapping, invalid=None):
-    torch._check(key_cache.dim() == 4, lambda: "key_cache must be [num_blocks, block_size, H, D]")
-    torch._check(new_k.dim() == 3, lambda: "new_k must be [T, H, D]")
+    check_devices(key_cache, "key_cache", dict(value_cache=value_cache, new_k=new_k, new_v=new_v,
+                                               slot_mapping=slot_mapping, invalid=invalid))
+    check_cache_pair(key_cache, value_cache, 4, "[num_blocks, block_size, H, D]")
+    check_dim(new_k, "new_k", 3, "[T, H, D]")
+    check_dim(new_v, "new_v", 3, "[T, H, D]")
+    check_dtype(new_k, "new_k", (key_cache.dtype,))
+    check_dtype(new_v, "new_v", (key_cache.dtype,))
+    check_dim(slot_mapping, "slot_mapping", 1, "[T]")
+    check_dtype(slot_mapping, "slot_mapping", INDEX)
+    check_dtype(invalid, "invalid", (torch.bool,))
     return None
+
+
+def _check_gather_inputs(key_cache, value_cache, block_tables, lengths, outs):
+    check_devices(key_cache, "key_cache", dict(value_cache=value_cache, block_tables=block_tables, lengths=lengths,
+                                               **outs))
+    check_cache_pair(key_cache, value_cache, 4, "[num_blocks, block_size, H, D]")
+    check_dim(block_tables, "block_tables", 2, "[B, max_blocks_per_seq]")
+    check_dtype(block_tables, "block_tables", INDEX)
+    check_dim(lengths, "lengths", 1, "[B]")
+    check_dtype(lengths, "lengths", INDEX)
+    for name, t in outs.items():
+        check_dim(t, name, 4, "[B, H, max_len, D]")
+        check_dtype(t, name, (key_cache.dtype,))
 
 
 @torch.library.register_fake("specdec::paged_kv_gather")
 def _paged_kv_gather_fake(key_cache, value_cache, block_tables, lengths, max_len):
-    torch._check(key_cache.dim() == 4, lambda: "key_cache must be [num_blocks, block_size, H, D]")
-    torch._check(block_tables.dim() == 2, lambda: "block_tables must be [B, max_blocks_per_seq]")
+    _check_gather_inputs(key_cache, value_cache, block_tables, lengths, {})
+    if max_len < 0:
+        raise ValueError(f"max_len must be >= 0, got {max_len}")
     B, H, D = block_tables.shape[0], key_cache.shape[2], key_cache.shape[3]
     keys = key_cache.new_empty((B, H, max_len, D))
     values = value_cache.new_empty((B, H, max_len, D))
@@ -106,5 +129,5 @@ def _paged_kv_gather_fake(key_cache, value_cache, block_tables, lengths, max_len
 
 @torch.library.register_fake("specdec::paged_kv_gather_into_")
 def _paged_kv_gather_into_fake(key_cache, value_cache, block_tables, lengths, keys_out, values_out):
-    torch._check(keys_out.dim() == 4, lambda: "keys_out must be [B, H, max_len, D]")
+    _check_gather_inputs(key_cache, value_cache, block_tables, lengths, dict(keys_out=keys_out, values_out=values_out))
     return None

@@ -6,6 +6,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from ._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype
 from ._args import IntOrTensor, Temperature, float_arg, int64_arg, seed_arg, temperature_arg
 
 __all__ = ["VerifyResult", "sample", "verify"]
@@ -111,7 +112,18 @@ def sample(
 
 @torch.library.register_fake("specdec::verify")
 def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset):
-    torch._check(target_logits.dim() == 3, lambda: "target_logits must be [B, K+1, V]")
+    check_devices(target_logits, "target_logits",
+                  dict(draft_token_ids=draft_token_ids, draft_probs=draft_probs, temperature=temperature, seed=seed,
+                       offset=offset), host_ok=("temperature", "seed", "offset"))
+    check_dim(target_logits, "target_logits", 3, "[B, K+1, V]")
+    check_dim(draft_token_ids, "draft_token_ids", 2, "[B, K]")
+    check_dim(draft_probs, "draft_probs", 3, "[B, K, V]")
+    check_dtype(target_logits, "target_logits", FLOATS)
+    check_dtype(draft_token_ids, "draft_token_ids", INDEX)
+    check_dtype(draft_probs, "draft_probs", FLOATS)
+    check_dtype(temperature, "temperature", FLOATS + (torch.float64,))
+    check_dtype(seed, "seed", INDEX)
+    check_dtype(offset, "offset", INDEX)
     B, K1 = target_logits.shape[0], target_logits.shape[1]
     tokens = target_logits.new_empty((B, K1), dtype=torch.int64)
     num_accepted = target_logits.new_empty((B,), dtype=torch.int64)
@@ -121,5 +133,13 @@ def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed,
 
 @torch.library.register_fake("specdec::sample")
 def _sample_fake(logits, temperature, seed, offset, probs_out):
-    torch._check(logits.dim() == 2, lambda: "logits must be [B, V]")
+    check_devices(logits, "logits", dict(temperature=temperature, seed=seed, offset=offset, probs_out=probs_out),
+                  host_ok=("temperature", "seed", "offset"))
+    check_dim(logits, "logits", 2, "[B, V]")
+    check_dim(probs_out, "probs_out", 2, "[B, V]")
+    check_dtype(logits, "logits", FLOATS)
+    check_dtype(probs_out, "probs_out", (torch.float32,))
+    check_dtype(temperature, "temperature", FLOATS + (torch.float64,))
+    check_dtype(seed, "seed", INDEX)
+    check_dtype(offset, "offset", INDEX)
     return logits.new_empty((logits.shape[0],), dtype=torch.int64)

@@ -1,0 +1,47 @@
+"""What the fake (meta) kernels check before they return output shapes: devices, dtypes
+and ranks, with the package's error policy (``ValueError`` / ``TypeError`` naming the
+argument). Sizes and values are checked by the real kernels (csrc/args/).
+
+The device rule matters most here: a call that mixes meta tensors with CPU tensors is
+dispatched to the fake kernel, so this is the only place that can refuse it.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, Optional
+
+import torch
+
+__all__ = ["FLOATS", "INDEX", "check_cache_pair", "check_devices", "check_dim", "check_dtype"]
+
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+INDEX = (torch.int32, torch.int64)
+
+
+def check_devices(data: torch.Tensor, data_name: str, others: Dict[str, Optional[torch.Tensor]],
+                  host_ok: Iterable[str] = ()) -> None:
+    """Every tensor in ``others`` is on ``data``'s device; those named in ``host_ok`` (seed,
+    offset, temperature) may also be CPU tensors."""
+    host_ok = set(host_ok)
+    for name, t in others.items():
+        if t is None or t.device == data.device or (name in host_ok and t.device.type == "cpu"):
+            continue
+        raise ValueError(f"{name} is on {t.device} but {data_name} is on {data.device}: all tensors must be on "
+                         "one device")
+
+
+def check_dtype(t: Optional[torch.Tensor], name: str, allowed) -> None:
+    if t is not None and t.dtype not in allowed:
+        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
+        raise TypeError(f"{name} must be {names}, got {t.dtype}")
+
+
+def check_dim(t: Optional[torch.Tensor], name: str, dims: int, layout: str) -> None:
+    if t is not None and t.dim() != dims:
+        raise ValueError(f"{name} must be {layout}, got shape {tuple(t.shape)}")
+
+
+def check_cache_pair(key_cache, value_cache, dims, layout):
+    check_dim(key_cache, "key_cache", dims, layout)
+    check_dim(value_cache, "value_cache", dims, layout)
+    check_dtype(key_cache, "key_cache", FLOATS)
+    check_dtype(value_cache, "value_cache", (key_cache.dtype,))
