@@ -105,7 +105,7 @@ setup(
                                   "assets/tiny_pair/*/*.safetensors"]},
     python_requires=">=3.10",
     install_requires=["torch>=2.11", "numpy", "prometheus_client", "safetensors", "tokenizers", "tqdm"],
-    extras_require={"test": ["pytest", "scipy", "transformers"], "hf": ["transformers"]},
+    extras_require={"test": ["pytest", "hypothesis", "scipy", "transformers"], "hf": ["transformers"]},
     ext_modules=extensions(),
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
     zip_safe=False,

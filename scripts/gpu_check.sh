@@ -19,7 +19,7 @@ timeout 300 "$PY" -m pip install --no-build-isolation --no-deps -e . > "$OUTDIR/
 
 log "CUDA tests"
 # no -x: one failing CUDA test must not hide the others; every test has its own time limit
-timeout 180 "$PY" -m pytest python_tests -q -k cuda -p no:cacheprovider -o faulthandler_timeout=60 -rf \
+timeout 180 "$PY" -m pytest python_tests -q -m cuda -p no:cacheprovider -o faulthandler_timeout=60 -rf \
   > "$OUTDIR/pytest_cuda.log" 2>&1
 log "pytest (cuda) exit $? : $(tail -1 "$OUTDIR/pytest_cuda.log")"
 
@@ -34,4 +34,6 @@ log "bench e2e (cuda)"
 timeout 60 "$PY" -m specdec_ext.bench e2e --device cuda --no-progress --max-new-tokens 64 \
   --json "$OUTDIR/bench_e2e.json" > "$OUTDIR/bench_e2e.txt" 2>&1
 log "bench e2e exit $?"
+"$PY" benchmarks/check_targets.py "$OUTDIR/bench_verify.json" "$OUTDIR/bench_e2e.json" > "$OUTDIR/targets.txt" 2>&1
+log "targets: $(grep -c 'NOT MET' "$OUTDIR/targets.txt") not met (targets.txt)"
 cat "$OUTDIR/summary.txt"

@@ -11,7 +11,7 @@ from typing import Dict, Iterable, Optional
 
 import torch
 
-__all__ = ["FLOATS", "INDEX", "check_cache_pair", "check_devices", "check_dim", "check_dtype"]
+__all__ = ["FLOATS", "INDEX", "check_cache_pair", "check_cache_write", "check_devices", "check_dim", "check_dtype"]
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 INDEX = (torch.int32, torch.int64)
@@ -45,3 +45,12 @@ def check_cache_pair(key_cache, value_cache, dims, layout):
     check_dim(value_cache, "value_cache", dims, layout)
     check_dtype(key_cache, "key_cache", FLOATS)
     check_dtype(value_cache, "value_cache", (key_cache.dtype,))
+
+
+def check_cache_write(key_cache, value_cache, new_k, new_v, cache_layout: str, new_layout: str) -> None:
+    """A cache pair being written with new keys / values of the cache's dtype."""
+    check_cache_pair(key_cache, value_cache, 4, cache_layout)
+    dims = new_layout.count(",") + 1
+    for name, t in (("new_k", new_k), ("new_v", new_v)):
+        check_dim(t, name, dims, new_layout)
+        check_dtype(t, name, (key_cache.dtype,))

@@ -7,7 +7,7 @@ from typing import Optional, Union
 import torch
 
 from .._validate import check_int
-from ._fake_checks import INDEX, check_cache_pair, check_devices, check_dim, check_dtype
+from ._fake_checks import INDEX, check_cache_write, check_devices, check_dim, check_dtype
 
 __all__ = ["kv_append_", "kv_rollback_"]
 
@@ -86,11 +86,7 @@ def kv_rollback_(
 def _kv_append_fake(key_cache, value_cache, new_k, new_v, lengths, overflow=None):
     check_devices(key_cache, "key_cache", dict(value_cache=value_cache, new_k=new_k, new_v=new_v, lengths=lengths,
                                                overflow=overflow))
-    check_cache_pair(key_cache, value_cache, 4, "[B, H, max_len, D]")
-    check_dim(new_k, "new_k", 4, "[B, H, S, D]")
-    check_dim(new_v, "new_v", 4, "[B, H, S, D]")
-    check_dtype(new_k, "new_k", (key_cache.dtype,))
-    check_dtype(new_v, "new_v", (key_cache.dtype,))
+    check_cache_write(key_cache, value_cache, new_k, new_v, "[B, H, max_len, D]", "[B, H, S, D]")
     check_dim(lengths, "lengths", 1, "[B]")
     check_dtype(lengths, "lengths", INDEX)
     check_dtype(overflow, "overflow", (torch.bool,))

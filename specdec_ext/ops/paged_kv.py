@@ -7,7 +7,7 @@ from typing import Optional, Tuple
 import torch
 
 from .._validate import check_int
-from ._fake_checks import INDEX, check_cache_pair, check_devices, check_dim, check_dtype
+from ._fake_checks import INDEX, check_cache_pair, check_cache_write, check_devices, check_dim, check_dtype
 
 __all__ = ["paged_kv_append_", "paged_kv_gather"]
 
@@ -92,11 +92,7 @@ def paged_kv_gather(
 def _paged_kv_append_fake(key_cache, value_cache, new_k, new_v, slot_mapping, invalid=None):
     check_devices(key_cache, "key_cache", dict(value_cache=value_cache, new_k=new_k, new_v=new_v,
                                                slot_mapping=slot_mapping, invalid=invalid))
-    check_cache_pair(key_cache, value_cache, 4, "[num_blocks, block_size, H, D]")
-    check_dim(new_k, "new_k", 3, "[T, H, D]")
-    check_dim(new_v, "new_v", 3, "[T, H, D]")
-    check_dtype(new_k, "new_k", (key_cache.dtype,))
-    check_dtype(new_v, "new_v", (key_cache.dtype,))
+    check_cache_write(key_cache, value_cache, new_k, new_v, "[num_blocks, block_size, H, D]", "[T, H, D]")
     check_dim(slot_mapping, "slot_mapping", 1, "[T]")
     check_dtype(slot_mapping, "slot_mapping", INDEX)
     check_dtype(invalid, "invalid", (torch.bool,))
