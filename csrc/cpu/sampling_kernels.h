@@ -105,11 +105,15 @@ inline void row_max(const T* row, int64_t V, bool want_argmax, float& max_out, i
   argmax_out = arg;
 }
 
-// sum_v exp(l_v * inv_t - my) over a row.
+// e = exp((l - m) * inv_t) for a vector of logits: the formula of verify_math.h
+// (shifted_exp), never fused into an FMA, so e == 1 exactly at l == m.
+inline Vec shifted_exp_vec(const Vec& x, const Vec& vm, const Vec& va) { return ((x - vm) * va).exp_u20(); }
+
+// sum_v exp((l_v - m) * inv_t) over a row; m is the row's max logit.
 template <typename T>
-inline float row_sum_exp(const T* row, int64_t V, float inv_t, float my) {
+inline float row_sum_exp(const T* row, int64_t V, float inv_t, float m) {
   alignas(64) float buf[kTile];
-  const Vec va(inv_t), vmy(my);
+  const Vec va(inv_t), vm(m);
   Vec acc(0.0f);
   float tail = 0.0f;
   for (int64_t v0 = 0; v0 < V; v0 += kTile) {
@@ -117,8 +121,8 @@ inline float row_sum_exp(const T* row, int64_t V, float inv_t, float my) {
     const float* x = tile_as_float(row, v0, n, buf);
     int64_t k = 0;
     for (; k + Vec::size() <= n; k += Vec::size())
-      acc = acc + at::vec::fmadd(Vec::loadu(x + k), va, -vmy).exp_u20();
-    for (; k < n; ++k) tail += std::exp(x[k] * inv_t - my);
+      acc = acc + shifted_exp_vec(Vec::loadu(x + k), vm, va);
+    for (; k < n; ++k) tail += shifted_exp(x[k], m, inv_t);
   }
   return hsum(acc) + tail;
 }
@@ -159,11 +163,11 @@ inline bool tile_weights(const T* row, const TQ* q_row, int q_mode, int64_t draf
   const float* x = tile_as_float(row, v0, n, xbuf);
   const float* q = q_mode == 2 ? tile_as_float(q_row, v0, n, qbuf) : nullptr;
   const float inv_s = 1.0f / st.sum;
-  const Vec va(inv_t), vmy(st.max), vis(inv_s), zero(0.0f);
+  const Vec va(inv_t), vm(st.max), vis(inv_s), zero(0.0f);
   Vec qmin(0.0f), qmax(0.0f);
   int64_t k = 0;
   for (; k + Vec::size() <= n; k += Vec::size()) {
-    const Vec pv = at::vec::fmadd(Vec::loadu(x + k), va, -vmy).exp_u20() * vis;
+    const Vec pv = shifted_exp_vec(Vec::loadu(x + k), vm, va) * vis;
     pv.store(p + k);
     if (q) {
       const Vec vq = Vec::loadu(q + k);
@@ -175,7 +179,7 @@ inline bool tile_weights(const T* row, const TQ* q_row, int q_mode, int64_t draf
     }
   }
   for (; k < n; ++k) {
-    const float e = std::exp(x[k] * inv_t - st.max);
+    const float e = shifted_exp(x[k], st.max, inv_t);
     p[k] = e * inv_s;
     if (q && bad_prob(q[k])) return false;
     w[k] = q ? residual_weight(e, inv_s, q[k]) : p[k];
@@ -254,18 +258,18 @@ void verify_rows(const VerifyParams& P) {
           ok = !(m != m || m == std::numeric_limits<float>::infinity());
           continue;
         }
-        if (!usable_max(m) || !usable_max(m * inv_t)) { ok = false; break; }
+        if (!usable_max(m)) { ok = false; break; }
         if (greedy) {
           if (i == K || draft[i] != arg) { j = i; token = arg; }
           continue;
         }
-        const SoftmaxStats st{m * inv_t, row_sum_exp(row, V, inv_t, m * inv_t)};
+        const SoftmaxStats st{m, row_sum_exp(row, V, inv_t, m)};
         bool accepted = false;
         if (i < K) {
           const int64_t x = draft[i];
           const float q_x = probs ? static_cast<float>(probs[i * P.probs_stride_k + x]) : 1.0f;
           if (bad_prob(q_x)) { ok = false; break; }
-          const float e_x = std::exp(static_cast<float>(row[x]) * inv_t - st.max);
+          const float e_x = shifted_exp(static_cast<float>(row[x]), st.max, inv_t);
           accepted = ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, st.sum, e_x);
         }
         if (accepted) continue;
@@ -298,8 +302,7 @@ void sample_rows(const SampleParams& P) {
       int64_t arg;
       const bool greedy = temperature == 0.0f;
       row_max(row, V, greedy, m, arg);
-      if (!valid_temperature(temperature) || !usable_max(m) ||
-          (!greedy && !usable_max(m * (1.0f / temperature)))) {  // invalid row: token -1, probs 0
+      if (!valid_temperature(temperature) || !usable_max(m)) {  // invalid row: token -1, probs 0
         if (probs) std::fill(probs, probs + V, 0.0f);
         continue;
       }
@@ -314,7 +317,7 @@ void sample_rows(const SampleParams& P) {
       const float inv_t = 1.0f / temperature;
       const RowRng rng(row_key(static_cast<uint64_t>(P.rnd.seed.get(b)), b, P.rnd.per_row_seed),
                        static_cast<uint64_t>(P.rnd.offset.get(b)));
-      const SoftmaxStats st{m * inv_t, row_sum_exp(row, V, inv_t, m * inv_t)};
+      const SoftmaxStats st{m, row_sum_exp(row, V, inv_t, m)};
       race_row<TL, float>(row, V, inv_t, st, 0, nullptr, -1, rng, kStreamSampleTile, kStreamSampleRace, 0,
                           probs, P.tokens[b]);
     }

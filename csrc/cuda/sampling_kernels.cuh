@@ -52,51 +52,45 @@ static_assert(kStatBlock % kRaceTile == 0, "stat blocks hold whole race tiles");
 
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// Softmax statistics of a set of tokens (over y = l * inv_t) plus the first argmax.
+// Softmax statistics of a set of tokens (verify_math.h: max of the RAW logits,
+// sum of exp((l - max) * inv_t)) plus the first argmax.
 struct ChunkStats {
-  float max;      // max y over tokens with finite y (-inf if none)
-  float sum;      // sum exp(y - max)
-  float arg_val;  // y at the argmax; +inf if some finite logit overflowed y
-  int bad;        // a NaN or +inf logit was seen
-  int64_t arg;    // first index of the max
+  float max;    // max logit over the finite and -inf logits (-inf if none)
+  float sum;    // sum of shifted_exp(l, max, inv_t)
+  int bad;      // a NaN or +inf logit was seen
+  int64_t arg;  // first index of the max
 
   __device__ __forceinline__ ChunkStats shfl(int m) const {
-    return ChunkStats{shfl_xor(max, m), shfl_xor(sum, m), shfl_xor(arg_val, m), shfl_xor(bad, m),
-                      shfl_xor(arg, m)};
+    return ChunkStats{shfl_xor(max, m), shfl_xor(sum, m), shfl_xor(bad, m), shfl_xor(arg, m)};
   }
-  __device__ static ChunkStats empty() { return ChunkStats{-kInf, 0.0f, -kInf, 0, INT64_MAX}; }
+  __device__ static ChunkStats empty() { return ChunkStats{-kInf, 0.0f, 0, INT64_MAX}; }
 };
 
-__device__ __forceinline__ ChunkStats merge_stats(const ChunkStats& a, const ChunkStats& b) {
-  const SoftmaxStats s = stats_merge(SoftmaxStats{a.max, a.sum}, SoftmaxStats{b.max, b.sum});
-  const bool take_b = b.arg_val > a.arg_val || (b.arg_val == a.arg_val && b.arg < a.arg);
-  return ChunkStats{s.max, s.sum, take_b ? b.arg_val : a.arg_val, a.bad | b.bad, take_b ? b.arg : a.arg};
+__device__ __forceinline__ ChunkStats merge_stats(const ChunkStats& a, const ChunkStats& b, float inv_t) {
+  const SoftmaxStats s = stats_merge(SoftmaxStats{a.max, a.sum}, SoftmaxStats{b.max, b.sum}, inv_t);
+  const bool take_b = b.max > a.max || (b.max == a.max && b.arg < a.arg);
+  return ChunkStats{s.max, s.sum, a.bad | b.bad, take_b ? b.arg : a.arg};
 }
 
 struct StatsMerge {
-  __device__ ChunkStats operator()(const ChunkStats& a, const ChunkStats& b) const { return merge_stats(a, b); }
+  float inv_t;
+  __device__ ChunkStats operator()(const ChunkStats& a, const ChunkStats& b) const { return merge_stats(a, b, inv_t); }
 };
 
-// One thread folds logit x at index v (online softmax). Validity is judged on
-// the raw logit (NaN / +inf = bad, as on the CPU); a finite logit whose y
-// overflows makes the position unusable (arg_val = +inf).
+// One thread folds logit x at index v (online softmax over the raw logits, as
+// on the CPU: NaN / +inf = bad; -inf = masked, no mass).
 __device__ __forceinline__ void fold_value(ChunkStats& st, float x, int64_t v, float inv_t, bool want_sum) {
   if (x != x || x == kInf) {
     st.bad = 1;
     return;
   }
-  const float y = x * inv_t;
-  if (y == -kInf) return;  // masked token (or underflow): no mass
-  if (y > st.arg_val || (y == st.arg_val && v < st.arg)) {
-    st.arg_val = y;
+  if (x == -kInf) return;
+  if (x > st.max) {  // lanes visit increasing v: a tie keeps the earlier index
+    if (want_sum) st.sum = st.sum * shifted_exp(st.max, x, inv_t) + 1.0f;
+    st.max = x;
     st.arg = v;
-  }
-  if (!want_sum || y == kInf) return;
-  if (y > st.max) {
-    st.sum = st.sum * expf(st.max - y) + 1.0f;
-    st.max = y;
-  } else {
-    st.sum += expf(y - st.max);
+  } else if (want_sum) {
+    st.sum += shifted_exp(x, st.max, inv_t);
   }
 }
 
@@ -117,18 +111,18 @@ __device__ void chunk_stat_blocks(const T* row, int64_t V, int64_t c, int64_t ch
     } else {
       st.bad = 1;
     }
-    st = warp_reduce(st, StatsMerge{});
+    st = warp_reduce(st, StatsMerge{inv_t});
     if (lane == 0) out[blk] = st;
   }
 }
 
 // Merge the stat blocks [0, nblk) of one row-position (warp-wide, fixed order:
 // lane l takes l, l + 32, ... left to right, then the butterfly).
-__device__ __forceinline__ ChunkStats merge_stat_blocks(const ChunkStats* blocks, int64_t nblk) {
+__device__ __forceinline__ ChunkStats merge_stat_blocks(const ChunkStats* blocks, int64_t nblk, float inv_t) {
   const int lane = threadIdx.x & 31;
   ChunkStats st = ChunkStats::empty();
-  for (int64_t k = lane; k < nblk; k += 32) st = merge_stats(st, blocks[k]);
-  return warp_reduce(st, StatsMerge{});
+  for (int64_t k = lane; k < nblk; k += 32) st = merge_stats(st, blocks[k], inv_t);
+  return warp_reduce(st, StatsMerge{inv_t});
 }
 
 struct RacePair {
@@ -157,7 +151,7 @@ struct RaceMerge {
 struct RowDecision {
   int64_t j;         // first stop position (K if all accepted)
   int64_t token;     // greedy rows: the token at j
-  float max_y, sum;  // softmax stats of position j (for the fine race)
+  float max_l, sum;  // softmax stats of position j (for the fine race)
   int status;        // 0 invalid, 1 sampled (race winner pending), 2 greedy (token known)
 };
 
@@ -184,14 +178,14 @@ __device__ __forceinline__ RowRng make_rng(const RowRandomness& r, int64_t b) {
 // sample: w = p), 1 one-hot at `draft`, 2 dense q row.
 template <typename T, typename TQ>
 __device__ __forceinline__ void token_weights(const T* row, const TQ* q_row, int q_mode, int64_t draft,
-                                              int64_t v0, int64_t V, float inv_t, float max_y, float inv_s,
+                                              int64_t v0, int64_t V, float inv_t, float max_l, float inv_s,
                                               float w[4], float p[4], int& bad) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int64_t v = v0 + k;
     p[k] = w[k] = 0.0f;
     if (v >= V) continue;
-    const float e = expf(fmaf(to_float(row[v]), inv_t, -max_y));
+    const float e = shifted_exp(to_float(row[v]), max_l, inv_t);
     p[k] = e * inv_s;
     if (q_mode == 0) {
       w[k] = p[k];
@@ -216,7 +210,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 // (target). Optionally writes p to probs_out.
 template <typename T, typename TQ>
 __device__ RacePair chunk_coarse_race(const T* row, const TQ* q_row, int q_mode, int64_t draft, int64_t V,
-                                      int64_t c, int64_t chunk_len, float inv_t, float max_y, float inv_s,
+                                      int64_t c, int64_t chunk_len, float inv_t, float max_l, float inv_s,
                                       const RowRng& rng, uint32_t tile_stream, uint32_t position,
                                       float* probs_out, RacePair* scratch) {
   static_assert(kRaceTile == 128, "one warp x 4 tokens per tile");
@@ -227,7 +221,7 @@ __device__ RacePair chunk_coarse_race(const T* row, const TQ* q_row, int q_mode,
   for (int64_t t = t_begin + warp; t < t_end; t += warps) {
     const int64_t v0 = t * kRaceTile + 4 * lane;
     float w[4], p[4];
-    token_weights(row, q_row, q_mode, draft, v0, V, inv_t, max_y, inv_s, w, p, best.bad);
+    token_weights(row, q_row, q_mode, draft, v0, V, inv_t, max_l, inv_s, w, p, best.bad);
     if (probs_out)
       for (int k = 0; k < 4; ++k)
         if (v0 + k < V) probs_out[v0 + k] = p[k];
@@ -257,13 +251,13 @@ struct RaceBestMerge {
 // race picked). Same value in every lane.
 template <typename T, typename TQ>
 __device__ int64_t warp_fine_race(const T* row, const TQ* q_row, int q_mode, int64_t draft, int64_t V, int64_t tile,
-                                  bool use_p, float inv_t, float max_y, float inv_s, const RowRng& rng,
+                                  bool use_p, float inv_t, float max_l, float inv_s, const RowRng& rng,
                                   uint32_t token_stream, uint32_t position) {
   const int lane = threadIdx.x & 31;
   const int64_t v0 = tile * kRaceTile + 4 * lane;
   float w[4], p[4];
   int bad = 0;
-  token_weights(row, q_row, q_mode, draft, v0, V, inv_t, max_y, inv_s, w, p, bad);
+  token_weights(row, q_row, q_mode, draft, v0, V, inv_t, max_l, inv_s, w, p, bad);
   const Philox4 r = rng.block(token_stream, position, static_cast<uint32_t>(v0 >> 2));
   RaceBestShfl best{0.0f, -1};
 #pragma unroll
@@ -290,7 +284,7 @@ struct RowShared {
   int first_stop;    // min position whose test stops the chain (K: all accepted)
   int bad;           // row invalid regardless of j (NaN / +inf logit, draft id out of range)
   int stop_invalid;  // the stop at first_stop is an invalid one (unusable stats, bad q(x))
-  float max_y, sum;  // merged stats of position first_stop
+  float max_l, sum;  // merged stats of position first_stop
   int64_t arg;       // its argmax
 };
 
@@ -313,7 +307,7 @@ __device__ PositionTest test_position(const VerifyParams& P, int64_t b, int64_t 
       return r;
     }
   }
-  if (!usable_max(st.arg_val)) {
+  if (!usable_max(st.max)) {
     r.stop = r.invalid_stop = true;
     return r;
   }
@@ -330,7 +324,7 @@ __device__ PositionTest test_position(const VerifyParams& P, int64_t b, int64_t 
     return r;
   }
   const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b + i * P.logits_stride_k;
-  const float e_x = expf(fmaf(to_float(row[x]), inv_t, -st.max));
+  const float e_x = shifted_exp(to_float(row[x]), st.max, inv_t);
   r.stop = !ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, st.sum, e_x);
   return r;
 }
@@ -348,7 +342,7 @@ __device__ void decide_row(const VerifyParams& P, const Workspace& W, int64_t b,
   }
   __syncthreads();
   for (int64_t i = warp; i <= K; i += warps) {
-    const ChunkStats st = merge_stat_blocks(W.stats + (b * (K + 1) + i) * NB, NB);
+    const ChunkStats st = merge_stat_blocks(W.stats + (b * (K + 1) + i) * NB, NB, inv_t);
     if (lane == 0) {
       const PositionTest r = test_position<TL, TQ>(P, b, i, st, inv_t, greedy, rng);
       if (r.bad) atomicOr(&sh.bad, 1);
@@ -358,11 +352,11 @@ __device__ void decide_row(const VerifyParams& P, const Workspace& W, int64_t b,
   __syncthreads();
   const int64_t j = sh.first_stop;
   if (warp == 0) {  // publish the stats of the stop position
-    const ChunkStats st = merge_stat_blocks(W.stats + (b * (K + 1) + j) * NB, NB);
+    const ChunkStats st = merge_stat_blocks(W.stats + (b * (K + 1) + j) * NB, NB, inv_t);
     if (lane == 0) {
       const PositionTest r = test_position<TL, TQ>(P, b, j, st, inv_t, greedy, rng);
       sh.stop_invalid = r.invalid_stop;
-      sh.max_y = st.max;
+      sh.max_l = st.max;
       sh.sum = st.sum;
       sh.arg = st.arg;
     }
@@ -411,13 +405,13 @@ __global__ void verify_kernel(VerifyParams P, Workspace W) {
           ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b + j * P.probs_stride_k
           : nullptr;
       const int64_t x = j < K ? P.draft_ids[b * K + j] : -1;
-      rp = chunk_coarse_race(lrow, q_row, q_mode, x, V, c, W.chunk_len, inv_t, row.max_y, 1.0f / row.sum, rng,
+      rp = chunk_coarse_race(lrow, q_row, q_mode, x, V, c, W.chunk_len, inv_t, row.max_l, 1.0f / row.sum, rng,
                              kStreamVerifyTile, static_cast<uint32_t>(j), static_cast<float*>(nullptr),
                              race_scratch);
     }
     if (threadIdx.x == 0) {
       W.race[item] = rp;
-      if (c == 0) W.rows[b] = RowDecision{j, row.arg, row.max_y, row.sum, valid ? (greedy ? 2 : 1) : 0};
+      if (c == 0) W.rows[b] = RowDecision{j, row.arg, row.max_l, row.sum, valid ? (greedy ? 2 : 1) : 0};
     }
     __syncthreads();  // `row` is reused by the next item
   }
@@ -445,7 +439,7 @@ __global__ void verify_kernel(VerifyParams P, Workspace W) {
             ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b + d.j * P.probs_stride_k
             : nullptr;
         const int64_t x = d.j < K ? P.draft_ids[b * K + d.j] : -1;
-        token = warp_fine_race(lrow, q_row, q_mode, x, V, tile, use_p, 1.0f / P.temperature.get(b), d.max_y,
+        token = warp_fine_race(lrow, q_row, q_mode, x, V, tile, use_p, 1.0f / P.temperature.get(b), d.max_l,
                                1.0f / d.sum, make_rng(P.rnd, b), kStreamVerifyRace, static_cast<uint32_t>(d.j));
         valid = token >= 0 && token < V;
       }
@@ -487,12 +481,12 @@ __global__ void sample_kernel(SampleParams P, Workspace W) {
     const float t = P.temperature.get(b);
     const bool greedy = t == 0.0f;
     if ((threadIdx.x >> 5) == 0) {
-      const ChunkStats st = merge_stat_blocks(W.stats + b * NB, NB);
+      const ChunkStats st = merge_stat_blocks(W.stats + b * NB, NB, (greedy || !valid_temperature(t)) ? 1.0f : 1.0f / t);
       if (threadIdx.x == 0) row_stats = st;
     }
     __syncthreads();
     const ChunkStats st = row_stats;
-    const bool valid = valid_temperature(t) && !st.bad && usable_max(st.arg_val);
+    const bool valid = valid_temperature(t) && !st.bad && usable_max(st.max);
     const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
     float* probs = P.probs_out ? P.probs_out + b * P.probs_stride_b : nullptr;
     const int64_t begin = c * W.chunk_len, end = imin(V, begin + W.chunk_len);
@@ -526,7 +520,7 @@ __global__ void sample_kernel(SampleParams P, Workspace W) {
       if (!r.bad && r.idx_p >= 0 && r.idx_p < ntiles) {
         const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
         token = warp_fine_race(row, static_cast<const float*>(nullptr), 0, -1, V, r.idx_p, true,
-                               1.0f / P.temperature.get(b), d.max_y, 1.0f / d.sum, make_rng(P.rnd, b),
+                               1.0f / P.temperature.get(b), d.max_l, 1.0f / d.sum, make_rng(P.rnd, b),
                                kStreamSampleRace, 0u);
       }
     }
