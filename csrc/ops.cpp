@@ -4,7 +4,11 @@
 //
 // Shapes: B batch, K drafts per row, V vocabulary.
 #include <Python.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <torch/library.h>
+
+#include "args/common.h"
 
 TORCH_LIBRARY(specdec, m) {
   // Fused chain verification of K drafted tokens per row, straight from logits.
@@ -77,6 +81,50 @@ TORCH_LIBRARY(specdec, m) {
   //   max_len = keys_out.size(2). Same rules as paged_kv_gather; CPU writes nothing on an error.
   m.def("paged_kv_gather_into_(Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor lengths, "
         "Tensor(a!) keys_out, Tensor(b!) values_out) -> ()");
+}
+
+// ---- The device rule of every op, checked before any kernel is chosen ----
+// Every tensor argument must be on the op's device: the device of its FIRST
+// tensor argument (target_logits, logits, key_cache, lengths). The sampling ops'
+// temperature, seed and offset may also be CPU tensors when the data is on an
+// accelerator (a 0-dim one is read on the host, a [B] one copied without a host
+// sync). Anything else (e.g. a meta tensor among CPU tensors, which the
+// dispatcher would otherwise route to the fake kernel and return garbage) is a
+// ValueError naming the argument. This runs at the BackendSelect key, i.e.
+// after autograd and FakeTensor / torch.compile tracing (whose fake kernels
+// never get here) and before the CPU / CUDA / Meta kernel is picked.
+namespace {
+
+bool may_be_host(const std::string& name) { return name == "temperature" || name == "seed" || name == "offset"; }
+
+void device_guard(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const auto& schema_args = op.schema().arguments();
+  const auto args = torch::jit::last(*stack, schema_args.size());
+  const at::Tensor* ref = nullptr;
+  const char* ref_name = nullptr;
+  for (size_t i = 0; i < schema_args.size(); ++i) {
+    if (!args[i].isTensor()) continue;  // ints, and None for an absent optional tensor
+    const at::Tensor& t = args[i].toTensor();
+    const std::string& name = schema_args[i].name();
+    if (ref == nullptr) {
+      ref = &t;
+      ref_name = name.c_str();
+    } else if (may_be_host(name)) {
+      specdec::args::check_device_or_host(t, *ref, name.c_str(), ref_name);
+    } else {
+      specdec::args::check_device(t, *ref, name.c_str(), ref_name);
+    }
+  }
+  op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect),
+                     stack);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specdec, BackendSelect, m) {
+  for (const char* name : {"verify", "sample", "kv_append_", "kv_rollback_", "paged_kv_append_",
+                           "paged_kv_gather", "paged_kv_gather_into_"})
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&device_guard>());
 }
 
 #ifndef SPECDEC_WITH_CUDA

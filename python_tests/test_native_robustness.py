@@ -143,7 +143,7 @@ def test_verify_extreme_values(dtype, dense_q, variant):
 def test_denormal_temperature_is_invalid(variant):
     """A denormal T (1/T = inf) stays unusable: a 0-dim CPU T is refused, a [B] one flags the row."""
     L = torch.randn(2, 10, device=variant)
-    with pytest.raises((RuntimeError, ValueError), match="temperature must be >= 0"):  # TODO(A.1): ValueError
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
         _sample(L, 1e-40)
     tok = _sample(L, torch.tensor([1e-40, 1e-38], device=variant))
     assert tok[0] == -1 and tok[1] == L[1].argmax()
@@ -181,3 +181,227 @@ def test_verify_law_at_extreme_temperatures(T, dense_q, variant):
     expected = stats_reference.verify_joint(p, q.double().numpy() if dense_q else None, draft.numpy())
     counts = stats_reference.joint_counts(tok, n, K, V)
     assert stats_reference.chi_square_pvalue(counts, expected) > stats_reference.ALPHA
+
+
+# =============================================================================
+# B.2  Index / flag tensors inside the memory the op writes
+# =============================================================================
+
+def test_kv_append_lengths_inside_the_cache_is_refused():
+    """Repro of issue 11 (segfault): lengths validated, then re-read after the copy changed them."""
+    k, v = torch.zeros(2, 1, 64, 4), torch.zeros(2, 1, 64, 4)
+    L = k.view(torch.int32).view(-1).as_strided((2,), (256,))
+    with pytest.raises(ValueError, match="key_cache and lengths overlap in memory"):
+        OPS.kv_append_(k, v, torch.full((2, 1, 3, 4), 1e9), torch.zeros(2, 1, 3, 4), L)
+    assert not k.any() and not v.any()
+    flags = v.view(torch.bool)[0, 0, 0, :2]
+    with pytest.raises(ValueError, match="value_cache and overflow overlap in memory"):
+        OPS.kv_append_(k, v, torch.ones(2, 1, 3, 4), torch.ones(2, 1, 3, 4), torch.zeros(2, dtype=torch.int64),
+                       flags)
+    assert not k.any() and not v.any()
+
+
+def test_paged_append_slots_inside_the_cache_is_refused():
+    kc, vc = torch.zeros(4, 2, 1, 4), torch.zeros(4, 2, 1, 4)
+    slots = kc.view(torch.int64).view(-1)[:2]
+    with pytest.raises(ValueError, match="key_cache and slot_mapping overlap in memory"):
+        OPS.paged_kv_append_(kc, vc, torch.full((2, 1, 4), 1e9), torch.ones(2, 1, 4), slots)
+    assert not kc.any() and not vc.any()
+    with pytest.raises(ValueError, match="value_cache and invalid overlap in memory"):
+        OPS.paged_kv_append_(kc, vc, torch.ones(2, 1, 4), torch.ones(2, 1, 4), torch.tensor([0, 1]),
+                             vc.view(torch.bool).view(-1)[0])
+    assert not kc.any() and not vc.any()
+
+
+def test_rollback_num_kept_aliasing_lengths_is_refused():
+    buf = torch.tensor([10, 10, 3, 3])
+    with pytest.raises(ValueError, match="lengths and num_kept overlap in memory"):
+        OPS.kv_rollback_(buf[:2], 5, buf[1:3], None)
+    assert buf.tolist() == [10, 10, 3, 3]
+
+
+# =============================================================================
+# B.3  Aliasing the exact overlap test gave up on
+# =============================================================================
+
+def test_strided_views_of_one_buffer_are_refused():
+    buf = torch.zeros(2, 1, 8, 8)
+    k, v = buf[..., :6], buf[..., 2:]  # non-dense, partly overlapping: torch says "too hard"
+    new = torch.ones(2, 1, 1, 6)
+    with pytest.raises(ValueError, match="key_cache and value_cache overlap in memory"):
+        OPS.kv_append_(k, v, new, new, torch.zeros(2, dtype=torch.int64))
+    assert not buf.any()
+    kc, vc = torch.zeros(2, 1, 8, 4), torch.zeros(2, 1, 8, 4)
+    with pytest.raises(ValueError, match="key_cache and new_k overlap in memory"):
+        OPS.kv_append_(kc, vc, kc[:, :, 4:5], vc[:, :, 5:6].clone(), torch.zeros(2, dtype=torch.int64))
+    # as_strided self-overlap (rows sharing elements) of a written cache
+    flat = torch.zeros(64)
+    selfov = flat.as_strided((2, 2, 4, 4), (16, 4, 4, 1))  # dims 1 and 2 share elements
+    with pytest.raises(ValueError, match="key_cache has overlapping elements"):
+        OPS.kv_append_(selfov, torch.zeros(2, 2, 4, 4), torch.ones(2, 2, 1, 4), torch.ones(2, 2, 1, 4),
+                       torch.zeros(2, dtype=torch.int64))
+    assert not flat.any()
+
+
+def test_separate_halves_of_one_buffer_are_fine():
+    kv = torch.zeros(2, 2, 1, 8, 4)
+    new = torch.ones(2, 1, 2, 4)
+    OPS.kv_append_(kv[0], kv[1], new, 2 * new, torch.tensor([1, 3]))
+    assert kv[0, 0, 0, 1:3].eq(1).all() and kv[1, 1, 0, 3:5].eq(2).all() and kv.sum() == 2 * 8 + 4 * 8
+
+
+def test_interleaved_paged_layout_is_fine():
+    """FlashInfer-style [NB, 2, BS, H, D]: key and value halves interleave block by block but share
+    no element (exact test for two views of one geometry)."""
+    kv = torch.zeros(3, 2, 4, 1, 8)
+    new = torch.ones(2, 1, 8)
+    OPS.paged_kv_append_(kv[:, 0], kv[:, 1], new, 2 * new, torch.tensor([5, 11]))
+    assert kv[1, 0, 1].eq(1).all() and kv[2, 1, 3].eq(2).all() and kv.sum() == 3 * 16
+    keys, values = OPS.paged_kv_gather(kv[:, 0], kv[:, 1], torch.tensor([[1, 2]], dtype=torch.int32),
+                                       torch.tensor([8]), 8)
+    assert keys[0, 0, 1].eq(1).all() and values[0, 0, 7].eq(2).all()
+    with pytest.raises(ValueError, match="key_cache and value_cache overlap in memory"):
+        OPS.paged_kv_append_(kv[:, 0], kv[:, 0, :, :, :].as_strided((3, 4, 1, 8), (64, 8, 8, 1), 8),
+                             new, new, torch.tensor([5, 11]))
+
+
+def test_rollback_expanded_lengths_is_refused():
+    lengths = torch.tensor([9]).expand(3)
+    with pytest.raises(ValueError, match="lengths has overlapping elements"):
+        OPS.kv_rollback_(lengths, 2, torch.tensor([1, 1, 1]), None)
+    assert lengths.tolist() == [9, 9, 9]
+
+
+def test_gather_outputs_must_not_alias_inputs_but_caches_may_alias():
+    kc = torch.randn(4, 2, 1, 4)
+    tables, lengths = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.tensor([3, 4])
+    ref_k, ref_v = OPS.paged_kv_gather(kc, kc.clone(), tables, lengths, 4)
+    k2, v2 = OPS.paged_kv_gather(kc, kc, tables, lengths, 4)  # value_cache is key_cache: read-only, fine
+    assert torch.equal(k2, ref_k) and torch.equal(v2, ref_k)
+    k3, v3 = OPS.paged_kv_gather(kc[:1].expand(4, 2, 1, 4), kc, tables, lengths, 4)  # expanded cache: fine
+    assert torch.equal(v3, ref_k) and torch.equal(k3[0, 0, :2], kc[0, :, 0]) and torch.equal(k3[0, 0, 2], kc[0, 0, 0])
+    big = torch.zeros(2, 1, 4, 4)
+    with pytest.raises(ValueError, match="keys_out and key_cache overlap in memory"):
+        OPS.paged_kv_gather_into_(big.view(4, 2, 1, 4), kc, tables, lengths, big, torch.empty(2, 1, 4, 4))
+    outs = torch.zeros(2, 1, 4, 8)
+    with pytest.raises(ValueError, match="keys_out and values_out overlap in memory"):
+        OPS.paged_kv_gather_into_(kc, kc, tables, lengths, outs[..., :4], outs[..., 2:6])
+    vals = torch.zeros(2, 1, 4, 4)
+    inside = vals.view(torch.int32).view(-1)[4:8].view(2, 2)  # block ids 0: valid
+    with pytest.raises(ValueError, match="values_out and block_tables overlap in memory"):
+        OPS.paged_kv_gather_into_(kc, kc, inside, lengths, torch.empty(2, 1, 4, 4), vals)
+    assert not outs.any() and not vals.any()
+
+
+def test_sample_probs_out_aliasing_is_refused():
+    x = torch.randn(4, 16)
+    rows = torch.zeros(40).as_strided((4, 16), (8, 1))  # rows overlap each other
+    with pytest.raises(ValueError, match="probs_out has overlapping elements"):
+        _sample(x, 1.0, probs_out=rows)
+    both = torch.randn(4, 32)
+    with pytest.raises(ValueError, match="probs_out and logits overlap in memory"):
+        _sample(both[:, :16], 1.0, probs_out=both[:, 8:24])
+    before = both.clone()
+    _sample(both[:, :16], 1.0, probs_out=both[:, 16:])  # side by side: fine (logits read, not overwritten)
+    assert torch.equal(both[:, :16], before[:, :16])
+
+
+# =============================================================================
+# B.4  Every tensor argument on the op's device
+# =============================================================================
+
+def test_meta_arguments_among_cpu_tensors_are_refused():
+    L, D = torch.randn(2, 3, 10), torch.zeros(2, 2, dtype=torch.int64)
+    t, s, o = _t(1.0), _t(1, dtype=torch.int64), _t(0, dtype=torch.int64)
+    meta = lambda x: x.to("meta")  # noqa: E731
+    with pytest.raises(ValueError, match="seed is on meta but target_logits is on cpu"):
+        OPS.verify(L, D, None, t, meta(s), o)
+    with pytest.raises(ValueError, match="temperature is on meta"):
+        OPS.verify(L, D, None, meta(t), s, o)
+    with pytest.raises(ValueError, match="draft_probs is on meta"):
+        OPS.verify(L, D, meta(torch.rand(2, 2, 10)), t, s, o)
+    with pytest.raises(ValueError, match="offset is on meta but logits is on cpu"):
+        OPS.sample(L[:, 0], t, s, meta(o), None)
+    with pytest.raises(ValueError, match="probs_out is on meta"):
+        OPS.sample(L[:, 0], t, s, o, torch.empty(2, 10, device="meta"))
+    lengths = torch.tensor([5, 5])
+    with pytest.raises(ValueError, match="num_kept is on meta but lengths is on cpu"):
+        OPS.kv_rollback_(lengths, 2, torch.zeros(2, dtype=torch.int64, device="meta"), None)
+    assert lengths.tolist() == [5, 5]
+    kc, vc = torch.zeros(2, 1, 8, 4), torch.zeros(2, 1, 8, 4)
+    with pytest.raises(ValueError, match="lengths is on meta but key_cache is on cpu"):
+        OPS.kv_append_(kc, vc, torch.ones(2, 1, 1, 4), torch.ones(2, 1, 1, 4), meta(torch.zeros(2, dtype=torch.int64)))
+    with pytest.raises(ValueError, match="slot_mapping is on meta"):
+        OPS.paged_kv_append_(kc, vc, torch.ones(2, 1, 4), torch.ones(2, 1, 4), meta(torch.tensor([0, 1])))
+    with pytest.raises(ValueError, match="block_tables is on meta"):
+        OPS.paged_kv_gather(kc, vc, meta(torch.zeros(1, 1, dtype=torch.int32)), torch.tensor([1]), 2)
+    assert not kc.any()
+
+
+def test_meta_data_goes_to_the_fake_kernels():
+    L = torch.empty(3, 10, device="meta")
+    out = OPS.sample(L, _t(1.0), _t(1, dtype=torch.int64), _t(0, dtype=torch.int64), None)
+    assert out.device.type == "meta" and out.shape == (3,)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a GPU and CUDA kernels")
+def test_cuda_host_scalars_and_device_rule():
+    L = torch.randn(4, 3, 50, device="cuda")
+    D = torch.zeros(4, 2, dtype=torch.int64, device="cuda")
+    temps = torch.tensor([0.0, 0.5, 1.0, 2.0])  # [B] on the CPU: copied, allowed
+    seeds = torch.arange(4)
+    r_host = OPS.verify(L, D, None, temps, seeds, _t(3, dtype=torch.int64))
+    r_dev = OPS.verify(L, D, None, temps.cuda(), seeds.cuda(), _t(3, dtype=torch.int64, device="cuda"))
+    assert all(torch.equal(a, b) for a, b in zip(r_host, r_dev))
+    with pytest.raises(ValueError, match="draft_token_ids is on cpu but target_logits is on cuda"):
+        OPS.verify(L, D.cpu(), None, temps, seeds, _t(0, dtype=torch.int64))
+    with pytest.raises(ValueError, match="seed is on meta"):
+        OPS.verify(L, D, None, temps, seeds.to("meta"), _t(0, dtype=torch.int64))
+    lengths = torch.tensor([5, 5], device="cuda")
+    with pytest.raises(ValueError, match="num_kept is on cpu but lengths is on cuda"):
+        OPS.kv_rollback_(lengths, 2, torch.zeros(2, dtype=torch.int64), None)
+
+
+# =============================================================================
+# B.5  Integer edge cases
+# =============================================================================
+
+def test_rollback_integer_edges_cpu():
+    lengths = torch.tensor([-2])
+    with pytest.raises(ValueError, match="negative"):
+        OPS.kv_rollback_(lengths, 2**63 - 1, torch.tensor([0]), None)  # wrapped to INT64_MAX before
+    assert lengths.tolist() == [-2]
+    lengths = torch.tensor([5], dtype=torch.int32)
+    OPS.kv_rollback_(lengths, 2**63 - 1, torch.tensor([2**63 - 1 - 3]), None)
+    assert lengths.tolist() == [2] and lengths.dtype == torch.int32
+    with pytest.raises(ValueError, match="negative"):
+        OPS.kv_rollback_(lengths, 2**63 - 1, torch.tensor([0]), None)
+    assert lengths.tolist() == [2]
+
+
+def test_append_integer_edges_cpu():
+    kc, vc = torch.zeros(2, 1, 8, 4), torch.zeros(2, 1, 8, 4)
+    new = torch.ones(2, 1, 3, 4)
+    for big in [2**63 - 1, 2**63 - 2, 2**31 - 1]:
+        with pytest.raises(ValueError, match="would exceed max_len"):
+            OPS.kv_append_(kc, vc, new, new, torch.tensor([0, big]))
+    with pytest.raises(ValueError, match="would exceed max_len"):
+        OPS.kv_append_(kc, vc, new, new, torch.tensor([0, 2**31 - 1], dtype=torch.int32))
+    assert not kc.any()
+    OPS.kv_append_(kc, vc, new, new, torch.tensor([5, 0], dtype=torch.int32))
+    assert kc[0, 0, 5:].eq(1).all() and kc[1, 0, :3].eq(1).all()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a GPU and CUDA kernels")
+def test_integer_edges_cuda_flags():
+    lengths = torch.tensor([-2, 5, 5], device="cuda")
+    invalid = torch.zeros(3, dtype=torch.bool, device="cuda")
+    OPS.kv_rollback_(lengths, 2**63 - 1, torch.tensor([0, 2**63 - 1 - 3, 0], device="cuda"), invalid)
+    assert lengths.tolist() == [-2, 2, 5] and invalid.tolist() == [True, False, True]
+    kc, vc = torch.zeros(2, 1, 8, 4, device="cuda"), torch.zeros(2, 1, 8, 4, device="cuda")
+    new = torch.ones(2, 1, 3, 4, device="cuda")
+    overflow = torch.zeros(2, dtype=torch.bool, device="cuda")
+    OPS.kv_append_(kc, vc, new, new, torch.tensor([2**63 - 1, 1], device="cuda"), overflow)
+    assert overflow.tolist() == [True, False] and not kc[0].any() and kc[1, 0, 1:4].eq(1).all()

@@ -147,7 +147,7 @@ void kv_rollback_cuda(at::Tensor& lengths, int64_t num_appended, const at::Tenso
 // Flat index i = ((kv * T + t) * H + h) * nvec + v. Threads i < T flag invalid slots.
 template <typename V, typename I>
 __global__ void paged_append_kernel(const PagedAppendParams P, I nvec, I copies, I total) {
-  const int64_t num_slots = P.num_blocks * P.block_size;
+  const int64_t num_slots = P.num_slots();
   const bool small_slots = num_slots < (int64_t{1} << 32);
   const I H = static_cast<I>(P.H), T = static_cast<I>(P.T);
   for (I i = grid_start<I>(); i < total; i += grid_step<I>()) {
@@ -271,7 +271,7 @@ std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cuda(const at::Tensor& key_ca
   const int64_t D = key_cache.size(3);
   at::Tensor keys = at::empty({P.B, P.H, max_len, D}, key_cache.options());
   at::Tensor values = at::empty({P.B, P.H, max_len, D}, value_cache.options());
-  kv::set_gather_outputs(P, key_cache, keys, values);
+  kv::set_gather_outputs(P, key_cache, value_cache, block_tables, lengths, keys, values);
   launch_gather(P);
   return {keys, values};
 }
@@ -279,9 +279,9 @@ std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cuda(const at::Tensor& key_ca
 void paged_kv_gather_into_cuda(const at::Tensor& key_cache, const at::Tensor& value_cache,
                                const at::Tensor& block_tables, const at::Tensor& lengths, at::Tensor& keys_out,
                                at::Tensor& values_out) {
-  TORCH_CHECK(keys_out.dim() == 4, "keys_out must be [B, H, max_len, D], got shape ", keys_out.sizes());
+  TORCH_CHECK_VALUE(keys_out.dim() == 4, "keys_out must be [B, H, max_len, D], got shape ", keys_out.sizes());
   PagedGatherParams P = kv::prepare_paged_gather(key_cache, value_cache, block_tables, lengths, keys_out.size(2));
-  kv::set_gather_outputs(P, key_cache, keys_out, values_out);
+  kv::set_gather_outputs(P, key_cache, value_cache, block_tables, lengths, keys_out, values_out);
   c10::cuda::CUDAGuard guard(key_cache.device());
   launch_gather(P);
 }
