@@ -5,9 +5,11 @@
 // included by csrc/cpu/kv_cache_cpu.cpp and csrc/cuda/kv_cache_cuda.cu.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "args/common.h"
@@ -202,6 +204,20 @@ inline PagedGatherParams prepare_paged_gather(const at::Tensor& key_cache, const
   return P;
 }
 
+// paged_kv_gather = allocate the outputs + paged_kv_gather_into_ (`into`, the
+// backend's op), so each backend has one gather path. Argument errors are raised
+// by prepare_paged_gather before anything is allocated.
+template <typename Into>
+std::tuple<at::Tensor, at::Tensor> gather_by_allocating(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                                        const at::Tensor& block_tables, const at::Tensor& lengths,
+                                                        int64_t max_len, Into into) {
+  const PagedGatherParams P = prepare_paged_gather(key_cache, value_cache, block_tables, lengths, max_len);
+  at::Tensor keys = at::empty({P.B, P.H, max_len, key_cache.size(3)}, key_cache.options());
+  at::Tensor values = at::empty({P.B, P.H, max_len, value_cache.size(3)}, value_cache.options());
+  into(key_cache, value_cache, block_tables, lengths, keys, values);
+  return {keys, values};
+}
+
 // Gather outputs keys / values [B, H, max_len, D]: the cache's dtype and device, head dim
 // contiguous, sharing no byte with each other or with any input.
 inline void set_gather_outputs(PagedGatherParams& P, const at::Tensor& key_cache, const at::Tensor& value_cache,
@@ -225,6 +241,16 @@ inline void set_gather_outputs(PagedGatherParams& P, const at::Tensor& key_cache
   args::check_writes({args::named(keys, "keys_out"), args::named(values, "values_out")},
                      {args::named(key_cache, "key_cache"), args::named(value_cache, "value_cache"),
                       args::named(block_tables, "block_tables"), args::named(lengths, "lengths")});
+}
+
+// paged_kv_gather_into_(key_cache, value_cache, block_tables, lengths, keys_out [B,H,max_len,D], values_out)
+inline PagedGatherParams prepare_paged_gather_into(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                                   const at::Tensor& block_tables, const at::Tensor& lengths,
+                                                   const at::Tensor& keys_out, const at::Tensor& values_out) {
+  TORCH_CHECK_VALUE(keys_out.dim() == 4, "keys_out must be [B, H, max_len, D], got shape ", keys_out.sizes());
+  PagedGatherParams P = prepare_paged_gather(key_cache, value_cache, block_tables, lengths, keys_out.size(2));
+  set_gather_outputs(P, key_cache, value_cache, block_tables, lengths, keys_out, values_out);
+  return P;
 }
 
 }  // namespace kv

@@ -104,7 +104,7 @@ void paged_kv_append_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const a
 
 // Snapshots lengths and block_tables, validates every row on the snapshot
 // (raising before anything is written), then copies / zero-fills.
-void gather_cpu(PagedGatherParams& P) {
+void gather_cpu(PagedGatherParams P) {
   std::vector<int64_t> len = args::snapshot(P.lengths, P.B);
   P.lengths = args::view_of(len);
   std::vector<int64_t> table(static_cast<size_t>(P.B * P.max_blocks));
@@ -143,25 +143,16 @@ void gather_cpu(PagedGatherParams& P) {
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                                       const at::Tensor& block_tables, const at::Tensor& lengths,
-                                                       int64_t max_len) {
-  PagedGatherParams P = kv::prepare_paged_gather(key_cache, value_cache, block_tables, lengths, max_len);
-  const int64_t D = key_cache.size(3);
-  at::Tensor keys = at::empty({P.B, P.H, max_len, D}, key_cache.options());
-  at::Tensor values = at::empty({P.B, P.H, max_len, D}, value_cache.options());
-  kv::set_gather_outputs(P, key_cache, value_cache, block_tables, lengths, keys, values);
-  gather_cpu(P);
-  return {keys, values};
-}
-
 void paged_kv_gather_into_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache,
                               const at::Tensor& block_tables, const at::Tensor& lengths, at::Tensor& keys_out,
                               at::Tensor& values_out) {
-  TORCH_CHECK_VALUE(keys_out.dim() == 4, "keys_out must be [B, H, max_len, D], got shape ", keys_out.sizes());
-  PagedGatherParams P = kv::prepare_paged_gather(key_cache, value_cache, block_tables, lengths, keys_out.size(2));
-  kv::set_gather_outputs(P, key_cache, value_cache, block_tables, lengths, keys_out, values_out);
-  gather_cpu(P);
+  gather_cpu(kv::prepare_paged_gather_into(key_cache, value_cache, block_tables, lengths, keys_out, values_out));
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                                       const at::Tensor& block_tables, const at::Tensor& lengths,
+                                                       int64_t max_len) {
+  return kv::gather_by_allocating(key_cache, value_cache, block_tables, lengths, max_len, &paged_kv_gather_into_cpu);
 }
 
 }  // namespace

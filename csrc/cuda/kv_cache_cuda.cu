@@ -263,27 +263,20 @@ void launch_gather(const PagedGatherParams& P) {
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cuda(const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                                        const at::Tensor& block_tables, const at::Tensor& lengths,
-                                                        int64_t max_len) {
-  PagedGatherParams P = kv::prepare_paged_gather(key_cache, value_cache, block_tables, lengths, max_len);
-  c10::cuda::CUDAGuard guard(key_cache.device());
-  const int64_t D = key_cache.size(3);
-  at::Tensor keys = at::empty({P.B, P.H, max_len, D}, key_cache.options());
-  at::Tensor values = at::empty({P.B, P.H, max_len, D}, value_cache.options());
-  kv::set_gather_outputs(P, key_cache, value_cache, block_tables, lengths, keys, values);
-  launch_gather(P);
-  return {keys, values};
-}
-
 void paged_kv_gather_into_cuda(const at::Tensor& key_cache, const at::Tensor& value_cache,
                                const at::Tensor& block_tables, const at::Tensor& lengths, at::Tensor& keys_out,
                                at::Tensor& values_out) {
-  TORCH_CHECK_VALUE(keys_out.dim() == 4, "keys_out must be [B, H, max_len, D], got shape ", keys_out.sizes());
-  PagedGatherParams P = kv::prepare_paged_gather(key_cache, value_cache, block_tables, lengths, keys_out.size(2));
-  kv::set_gather_outputs(P, key_cache, value_cache, block_tables, lengths, keys_out, values_out);
+  const PagedGatherParams P =
+      kv::prepare_paged_gather_into(key_cache, value_cache, block_tables, lengths, keys_out, values_out);
   c10::cuda::CUDAGuard guard(key_cache.device());
   launch_gather(P);
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cuda(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                                        const at::Tensor& block_tables, const at::Tensor& lengths,
+                                                        int64_t max_len) {
+  return kv::gather_by_allocating(key_cache, value_cache, block_tables, lengths, max_len,
+                                  &paged_kv_gather_into_cuda);
 }
 
 }  // namespace
