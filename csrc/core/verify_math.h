@@ -105,6 +105,23 @@ SPECDEC_HD bool usable_max(float m) { return m > -std::numeric_limits<float>::in
 // The ratio test u * q(x) < p(x) with p(x) = e / s, written without division.
 SPECDEC_HD bool ratio_test_accepts(float u, float q_x, float s, float e_x) { return u * q_x * s < e_x; }
 
+// The draft distribution q at the position a race runs on.
+enum class QMode : int {
+  kNone = 0,    // no q: the bonus position (or sample): the race runs on p
+  kOneHot = 1,  // draft_probs is None: q is one-hot at the draft id
+  kDense = 2,   // a dense q row
+};
+SPECDEC_HD QMode q_mode_at(int64_t position, int64_t K, bool has_draft_probs) {
+  return position == K ? QMode::kNone : (has_draft_probs ? QMode::kDense : QMode::kOneHot);
+}
+
+// What the decision stage concluded for a row.
+enum class RowStatus : int {
+  kInvalid = 0,  // no token (see "A row is INVALID" above)
+  kSampled = 1,  // the race at the stop position picks the token
+  kGreedy = 2,   // T == 0: the token (argmax) is known
+};
+
 // Best entry of a race: highest key, ties to the lowest index (so the winner
 // does not depend on the order in which candidates are merged).
 struct RaceBest {

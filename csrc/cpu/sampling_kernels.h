@@ -23,28 +23,19 @@
 #include <cstdint>
 #include <limits>
 
+#include "../core/dtype_dispatch.h"
 #include "../core/rng.h"
 #include "../core/sampling_params.h"
 #include "../core/verify_math.h"
 
-// DType -> C++ element type for the CPU kernels.
-#ifndef SPECDEC_CPU_DISPATCH
-#define SPECDEC_CPU_DISPATCH(dtype, NAME, ...)            \
-  switch (dtype) {                                        \
-    case ::specdec::DType::kFloat32: {                    \
-      using NAME = float;                                 \
-      __VA_ARGS__;                                        \
-    } break;                                              \
-    case ::specdec::DType::kFloat16: {                    \
-      using NAME = c10::Half;                             \
-      __VA_ARGS__;                                        \
-    } break;                                              \
-    case ::specdec::DType::kBFloat16: {                   \
-      using NAME = c10::BFloat16;                         \
-      __VA_ARGS__;                                        \
-    } break;                                              \
-  }
-#endif
+namespace specdec::cpu {
+// The CPU element types of the dtype dispatch (core/dtype_dispatch.h).
+struct CpuTypes {
+  using f32 = float;
+  using f16 = c10::Half;
+  using bf16 = c10::BFloat16;
+};
+}  // namespace specdec::cpu
 
 namespace specdec {
 namespace cpu {
@@ -153,15 +144,15 @@ inline float vec_sum(const float* a, int64_t n) {
 }
 
 // Race weights of tokens [v0, v0 + n), n <= kRaceTile: p[] = target probability,
-// w[] = residual max(0, p - q) (q_mode 0: no q, w = p; 1: one-hot at `draft`;
-// 2: dense q row). Returns false if a dense q entry is a bad probability.
+// w[] = residual max(0, p - q) (QMode kNone: w = p; kOneHot: q one-hot at
+// `draft`; kDense: the q row). Returns false if a dense q entry is a bad probability.
 template <typename T, typename TQ>
-inline bool tile_weights(const T* row, const TQ* q_row, int q_mode, int64_t draft, int64_t v0, int64_t n,
+inline bool tile_weights(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t v0, int64_t n,
                          float inv_t, SoftmaxStats st, float* w, float* p) {
   alignas(64) float xbuf[kRaceTile];
   alignas(64) float qbuf[kRaceTile];
   const float* x = tile_as_float(row, v0, n, xbuf);
-  const float* q = q_mode == 2 ? tile_as_float(q_row, v0, n, qbuf) : nullptr;
+  const float* q = q_mode == QMode::kDense ? tile_as_float(q_row, v0, n, qbuf) : nullptr;
   const float inv_s = 1.0f / st.sum;
   const Vec va(inv_t), vm(st.max), vis(inv_s), zero(0.0f);
   Vec qmin(0.0f), qmax(0.0f);
@@ -185,7 +176,7 @@ inline bool tile_weights(const T* row, const TQ* q_row, int q_mode, int64_t draf
     w[k] = q ? residual_weight(e, inv_s, q[k]) : p[k];
   }
   if (q && (bad_prob(hmin(qmin)) || bad_prob(hmax(qmax)))) return false;
-  if (q_mode == 1 && draft >= v0 && draft < v0 + n) w[draft - v0] = 0.0f;  // max(0, p - 1) = 0
+  if (q_mode == QMode::kOneHot && draft >= v0 && draft < v0 + n) w[draft - v0] = 0.0f;  // max(0, p - 1) = 0
   return true;
 }
 
@@ -194,7 +185,7 @@ inline bool tile_weights(const T* row, const TQ* q_row, int q_mode, int64_t draf
 // residual is all zero. If probs_out is given, p is written there. Returns
 // false if a dense q row holds a bad probability.
 template <typename T, typename TQ>
-inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, int q_mode, const TQ* q_row,
+inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, QMode q_mode, const TQ* q_row,
                      int64_t draft, const RowRng& rng, uint32_t tile_stream, uint32_t token_stream,
                      uint32_t position, float* probs_out, int64_t& token) {
   alignas(64) float w[kRaceTile];
@@ -241,8 +232,7 @@ void verify_rows(const VerifyParams& P) {
 
       const bool greedy = temperature == 0.0f;
       const float inv_t = greedy ? 1.0f : 1.0f / temperature;
-      const RowRng rng(row_key(static_cast<uint64_t>(P.rnd.seed.get(b)), b, P.rnd.per_row_seed),
-                       static_cast<uint64_t>(P.rnd.offset.get(b)));
+      const RowRng rng = make_row_rng(P.rnd, b);
       const TL* logits = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
       const TQ* probs = P.draft_probs ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b
                                       : nullptr;
@@ -274,7 +264,7 @@ void verify_rows(const VerifyParams& P) {
         }
         if (accepted) continue;
         j = i;
-        const int q_mode = i == K ? 0 : (probs ? 2 : 1);
+        const QMode q_mode = q_mode_at(i, K, probs != nullptr);
         const TQ* q_row = probs ? probs + i * P.probs_stride_k : nullptr;
         const int64_t x = i < K ? draft[i] : -1;
         ok = race_row(row, V, inv_t, st, q_mode, q_row, x, rng, kStreamVerifyTile, kStreamVerifyRace,
@@ -315,10 +305,9 @@ void sample_rows(const SampleParams& P) {
         continue;
       }
       const float inv_t = 1.0f / temperature;
-      const RowRng rng(row_key(static_cast<uint64_t>(P.rnd.seed.get(b)), b, P.rnd.per_row_seed),
-                       static_cast<uint64_t>(P.rnd.offset.get(b)));
+      const RowRng rng = make_row_rng(P.rnd, b);
       const SoftmaxStats st{m, row_sum_exp(row, V, inv_t, m)};
-      race_row<TL, float>(row, V, inv_t, st, 0, nullptr, -1, rng, kStreamSampleTile, kStreamSampleRace, 0,
+      race_row<TL, float>(row, V, inv_t, st, QMode::kNone, nullptr, -1, rng, kStreamSampleTile, kStreamSampleRace, 0,
                           probs, P.tokens[b]);
     }
   });
@@ -326,13 +315,13 @@ void sample_rows(const SampleParams& P) {
 
 // Entry points with the dtypes resolved here (one copy per instruction set).
 inline void verify(const VerifyParams& P, DType logits_dtype, DType probs_dtype) {
-  SPECDEC_CPU_DISPATCH(logits_dtype, TL, {
-    SPECDEC_CPU_DISPATCH(probs_dtype, TQ, { verify_rows<TL, TQ>(P); });
+  dispatch_dtypes<CpuTypes>(logits_dtype, probs_dtype, [&](auto tl, auto tq) {
+    verify_rows<typename decltype(tl)::type, typename decltype(tq)::type>(P);
   });
 }
 
 inline void sample(const SampleParams& P, DType logits_dtype) {
-  SPECDEC_CPU_DISPATCH(logits_dtype, TL, { sample_rows<TL>(P); });
+  dispatch_dtype<CpuTypes>(logits_dtype, [&](auto tl) { sample_rows<typename decltype(tl)::type>(P); });
 }
 
 }  // namespace CPU_CAPABILITY
