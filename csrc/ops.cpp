@@ -31,6 +31,17 @@ TORCH_LIBRARY(specdec, m) {
   m.def("sample(Tensor logits, Tensor temperature, Tensor seed, Tensor offset, "
         "Tensor(a!)? probs_out) -> Tensor");
 
+  // ---- DEBUG / TEST ONLY: slow scalar references (csrc/cpu/sampling_cpu.cpp, CPU kernels only) ----
+  // The readable statement of the algorithm (core/verify_math.h: verify_row_reference,
+  // sample_row_reference) run one row at a time, with exactly the argument handling
+  // (prepare_verify / prepare_sample) and the RNG keying (make_row_rng) of verify / sample, so
+  // that tests can compare the fused kernels with it row by row. Orders of magnitude slower than
+  // the fused ops; no CUDA kernel and no fake kernel: not for production or torch.compile.
+  m.def("verify_reference(Tensor target_logits, Tensor draft_token_ids, Tensor? draft_probs, "
+        "Tensor temperature, Tensor seed, Tensor offset) -> (Tensor, Tensor, Tensor)");
+  //   returns tokens [B] int64 and probs [B, V] float32 (sample's probs_out)
+  m.def("sample_reference(Tensor logits, Tensor temperature, Tensor seed, Tensor offset) -> (Tensor, Tensor)");
+
   // ---- KV cache (csrc/cpu/kv_cache_cpu.cpp, csrc/cuda/kv_cache_cuda.cu) ----
   // Shapes: H kv heads, D head dim, M = max_len, S new tokens per row, T tokens,
   // NB blocks of BS slots (slot = block * BS + offset). Cache dtypes: float32|float16|bfloat16;
@@ -122,8 +133,8 @@ void device_guard(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, BackendSelect, m) {
-  for (const char* name : {"verify", "sample", "kv_append_", "kv_rollback_", "paged_kv_append_",
-                           "paged_kv_gather", "paged_kv_gather_into_"})
+  for (const char* name : {"verify", "sample", "verify_reference", "sample_reference", "kv_append_",
+                           "kv_rollback_", "paged_kv_append_", "paged_kv_gather", "paged_kv_gather_into_"})
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&device_guard>());
 }
 

@@ -180,6 +180,47 @@ inline int64_t reference_argmax(const float* row, int64_t V) {
   return best;
 }
 
+// The two-level race of one row position (see the notation above) over float
+// arrays: weights w = max(0, p - q) with q given by q_mode (q: the dense row,
+// draft: the one-hot id), falling back to p when every w is 0. Returns the
+// token, or -1 when an entry of a dense q row is a bad probability.
+inline int64_t reference_race(const float* row, int64_t V, float inv_t, SoftmaxStats st, QMode q_mode,
+                              const float* q, int64_t draft, const RowRng& rng, uint32_t tile_stream,
+                              uint32_t token_stream, uint32_t position) {
+  const float inv_s = 1.0f / st.sum;
+  bool bad = false;
+  // weight of token v in the residual (use_p = false) or in p (use_p = true)
+  auto weight = [&](int64_t v, bool use_p) {
+    const float e = shifted_exp(row[v], st.max, inv_t);
+    if (use_p) return e * inv_s;
+    float q_v = 0.0f;
+    if (q_mode == QMode::kDense) q_v = q[v];
+    if (q_mode == QMode::kOneHot) q_v = v == draft ? 1.0f : 0.0f;
+    bad = bad || bad_prob(q_v);
+    return residual_weight(e, inv_s, q_v);
+  };
+  RaceBest tile_w = race_empty(), tile_p = race_empty();
+  for (int64_t t = 0; t * kRaceTile < V; ++t) {
+    float W = 0.0f, Pt = 0.0f;
+    for (int64_t v = t * kRaceTile; v < V && v < (t + 1) * kRaceTile; ++v) {
+      W += weight(v, false);
+      Pt += weight(v, true);
+    }
+    const float E = race_exponential(rng, tile_stream, position, t);
+    if (race_better(W / E, t, tile_w)) tile_w = RaceBest{W / E, t};
+    if (race_better(Pt / E, t, tile_p)) tile_p = RaceBest{Pt / E, t};
+  }
+  if (bad) return -1;
+  const bool use_p = !(tile_w.key > 0.0f);
+  const int64_t t = use_p ? tile_p.index : tile_w.index;
+  RaceBest best = race_empty();
+  for (int64_t v = t * kRaceTile; v < V && v < (t + 1) * kRaceTile; ++v) {
+    const float key = weight(v, use_p) / race_exponential(rng, token_stream, position, v);
+    if (race_better(key, v, best)) best = RaceBest{key, v};
+  }
+  return best.index;
+}
+
 inline ReferenceRowResult verify_row_reference(const float* logits, const float* draft_probs,
                                                const int64_t* draft_ids, int64_t K, int64_t V,
                                                float temperature, const RowRng& rng,
@@ -219,47 +260,40 @@ inline ReferenceRowResult verify_row_reference(const float* logits, const float*
     }
   }
   const float* row = logits + j * V;
-  int64_t token;
-  if (greedy) {
-    token = reference_argmax(row, V);
-  } else {
-    const float* q = (j < K && draft_probs) ? draft_probs + j * V : nullptr;
-    const float inv_s = 1.0f / st.sum;
-    // weight of token v in the residual (use_p = false) or in p (use_p = true)
-    auto weight = [&](int64_t v, bool use_p, bool& bad) {
-      const float e = shifted_exp(row[v], st.max, inv_t);
-      if (use_p) return e * inv_s;
-      float q_v = 0.0f;
-      if (j < K) q_v = q ? q[v] : (v == draft_ids[j] ? 1.0f : 0.0f);
-      bad = bad || bad_prob(q_v);
-      return residual_weight(e, inv_s, q_v);
-    };
-    bool bad = false;
-    RaceBest tile_w = race_empty(), tile_p = race_empty();
-    for (int64_t t = 0; t * kRaceTile < V; ++t) {
-      float W = 0.0f, Pt = 0.0f;
-      for (int64_t v = t * kRaceTile; v < V && v < (t + 1) * kRaceTile; ++v) {
-        W += weight(v, false, bad);
-        Pt += weight(v, true, bad);
-      }
-      const float E = race_exponential(rng, kStreamVerifyTile, static_cast<uint32_t>(j), t);
-      if (race_better(W / E, t, tile_w)) tile_w = RaceBest{W / E, t};
-      if (race_better(Pt / E, t, tile_p)) tile_p = RaceBest{Pt / E, t};
-    }
-    if (bad) return invalid;
-    const bool use_p = !(tile_w.key > 0.0f);
-    const int64_t t = use_p ? tile_p.index : tile_w.index;
-    RaceBest best = race_empty();
-    for (int64_t v = t * kRaceTile; v < V && v < (t + 1) * kRaceTile; ++v) {
-      const float E = race_exponential(rng, kStreamVerifyRace, static_cast<uint32_t>(j), v);
-      const float key = weight(v, use_p, bad) / E;
-      if (race_better(key, v, best)) best = RaceBest{key, v};
-    }
-    token = best.index;
-  }
+  const int64_t token =
+      greedy ? reference_argmax(row, V)
+             : reference_race(row, V, inv_t, st, q_mode_at(j, K, draft_probs != nullptr),
+                              draft_probs ? draft_probs + j * V : nullptr, j < K ? draft_ids[j] : -1, rng,
+                              kStreamVerifyTile, kStreamVerifyRace, static_cast<uint32_t>(j));
+  if (token < 0) return invalid;
   for (int64_t i = 0; i < j; ++i) tokens[i] = draft_ids[i];
   tokens[j] = token;
   return ReferenceRowResult{j, true};
+}
+
+// Scalar reference of one sample row: logits [V] float; probs (or nullptr)
+// [V] out: p, one-hot at the argmax for T == 0, zeros for an invalid row.
+// Returns the token, or -1 for an invalid row.
+inline int64_t sample_row_reference(const float* logits, int64_t V, float temperature, const RowRng& rng,
+                                    float* probs) {
+  if (probs)
+    for (int64_t v = 0; v < V; ++v) probs[v] = 0.0f;
+  if (!valid_temperature(temperature)) return -1;
+  for (int64_t v = 0; v < V; ++v)
+    if (bad_logit(logits[v])) return -1;
+  const bool greedy = temperature == 0.0f;
+  const float inv_t = greedy ? 1.0f : 1.0f / temperature;
+  const SoftmaxStats st = reference_stats(logits, V, inv_t);
+  if (!usable_max(st.max)) return -1;
+  if (greedy) {
+    const int64_t arg = reference_argmax(logits, V);
+    if (probs) probs[arg] = 1.0f;
+    return arg;
+  }
+  if (probs)
+    for (int64_t v = 0; v < V; ++v) probs[v] = shifted_exp(logits[v], st.max, inv_t) * (1.0f / st.sum);
+  return reference_race(logits, V, inv_t, st, QMode::kNone, nullptr, -1, rng, kStreamSampleTile,
+                        kStreamSampleRace, 0);
 }
 
 }  // namespace specdec

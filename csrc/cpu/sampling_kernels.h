@@ -27,15 +27,7 @@
 #include "../core/rng.h"
 #include "../core/sampling_params.h"
 #include "../core/verify_math.h"
-
-namespace specdec::cpu {
-// The CPU element types of the dtype dispatch (core/dtype_dispatch.h).
-struct CpuTypes {
-  using f32 = float;
-  using f16 = c10::Half;
-  using bf16 = c10::BFloat16;
-};
-}  // namespace specdec::cpu
+#include "sampling_kernels_entry.h"
 
 namespace specdec {
 namespace cpu {
