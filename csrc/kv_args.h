@@ -10,6 +10,7 @@
 
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "args/common.h"
@@ -62,6 +63,31 @@ inline at::Tensor check_new(const at::Tensor& t, const at::Tensor& cache, at::In
   return args::unit_stride_last(t);
 }
 
+// Data pointers (nullptr when empty) and byte strides of the first N dims of a
+// (key, value) pair of tensors. Ptr = const char* for tensors the op only reads.
+template <typename Ptr, size_t N>
+void pair_layout(const at::Tensor& k, const at::Tensor& v, Ptr (&ptr)[2], int64_t (&stride)[2][N]) {
+  const at::Tensor* t[2] = {&k, &v};
+  for (int i = 0; i < 2; ++i) {
+    if constexpr (std::is_const_v<std::remove_pointer_t<Ptr>>)
+      ptr[i] = static_cast<Ptr>(t[i]->numel() ? t[i]->const_data_ptr() : nullptr);
+    else
+      ptr[i] = static_cast<Ptr>(t[i]->numel() ? t[i]->data_ptr() : nullptr);
+    for (size_t d = 0; d < N; ++d) stride[i][d] = t[i]->stride(d) * static_cast<int64_t>(t[i]->element_size());
+  }
+}
+
+// new_k / new_v checked against their caches (check_new); their layout goes to src / src_stride
+// and the tensors (a contiguous copy if the head dim was strided) to keep.
+template <size_t N>
+void set_new_pair(const at::Tensor& new_k, const at::Tensor& new_v, const at::Tensor& key_cache,
+                  const at::Tensor& value_cache, at::IntArrayRef shape, const char* layout, const char* (&src)[2],
+                  int64_t (&src_stride)[2][N], std::vector<at::Tensor>& keep) {
+  keep = {check_new(new_k, key_cache, shape, "new_k", "key_cache", layout),
+          check_new(new_v, value_cache, shape, "new_v", "value_cache", layout)};
+  pair_layout(keep[0], keep[1], src, src_stride);
+}
+
 struct KVAppendLaunch {
   KVAppendParams p;
   std::vector<at::Tensor> keep_alive;
@@ -75,33 +101,21 @@ inline KVAppendLaunch prepare_kv_append(const at::Tensor& key_cache, const at::T
   const int64_t B = key_cache.size(0), H = key_cache.size(1), M = key_cache.size(2), D = key_cache.size(3);
   TORCH_CHECK_VALUE(new_k.dim() == 4, "new_k must be [B, H, S, D], got shape ", new_k.sizes());
   const int64_t S = new_k.size(2);
-  const std::vector<int64_t> shape{B, H, S, D};
   KVAppendLaunch L;
-  at::Tensor nk = check_new(new_k, key_cache, shape, "new_k", "key_cache", "[B, H, S, D]");
-  at::Tensor nv = check_new(new_v, value_cache, shape, "new_v", "value_cache", "[B, H, S, D]");
-  L.keep_alive = {nk, nv};
   KVAppendParams& P = L.p;
+  set_new_pair(new_k, new_v, key_cache, value_cache, {B, H, S, D}, "[B, H, S, D]", P.src, P.src_stride,
+               L.keep_alive);
   P.lengths = index_vec(lengths, B, key_cache, "lengths", "B");
   P.overflow = flag_ptr(overflow, B, key_cache, "overflow", "[B]", &P.overflow_stride);
   args::check_writes({args::named(key_cache, "key_cache"), args::named(value_cache, "value_cache"),
                       args::named(overflow, "overflow")},
                      {args::named(new_k, "new_k"), args::named(new_v, "new_v"), args::named(lengths, "lengths")});
-  const int64_t es = key_cache.element_size();
-  const at::Tensor* caches[2] = {&key_cache, &value_cache};
-  const at::Tensor* srcs[2] = {&nk, &nv};
-  for (int i = 0; i < 2; ++i) {
-    P.cache[i] = static_cast<char*>(caches[i]->numel() ? caches[i]->data_ptr() : nullptr);
-    P.src[i] = static_cast<const char*>(srcs[i]->numel() ? srcs[i]->const_data_ptr() : nullptr);
-    for (int d = 0; d < 3; ++d) {
-      P.cache_stride[i][d] = caches[i]->stride(d) * es;
-      P.src_stride[i][d] = srcs[i]->stride(d) * es;
-    }
-  }
+  pair_layout(key_cache, value_cache, P.cache, P.cache_stride);
   P.B = B;
   P.H = H;
   P.S = S;
   P.max_len = M;
-  P.row_bytes = D * es;
+  P.row_bytes = D * static_cast<int64_t>(key_cache.element_size());
   return L;
 }
 
@@ -139,32 +153,21 @@ inline PagedAppendLaunch prepare_paged_append(const at::Tensor& key_cache, const
   TORCH_CHECK_VALUE(BS >= 1, "key_cache must have block_size >= 1, got shape ", key_cache.sizes());
   TORCH_CHECK_VALUE(new_k.dim() == 3, "new_k must be [T, H, D], got shape ", new_k.sizes());
   const int64_t T = new_k.size(0);
-  const std::vector<int64_t> shape{T, H, D};
   PagedAppendLaunch L;
-  at::Tensor nk = check_new(new_k, key_cache, shape, "new_k", "key_cache", "[T, H, D]");
-  at::Tensor nv = check_new(new_v, value_cache, shape, "new_v", "value_cache", "[T, H, D]");
-  L.keep_alive = {nk, nv};
   PagedAppendParams& P = L.p;
+  set_new_pair(new_k, new_v, key_cache, value_cache, {T, H, D}, "[T, H, D]", P.src, P.src_stride, L.keep_alive);
   P.slots = index_vec(slot_mapping, T, key_cache, "slot_mapping", "T");
   P.invalid = flag_ptr(invalid, 1, key_cache, "invalid", "[] (one element)", nullptr);
   args::check_writes({args::named(key_cache, "key_cache"), args::named(value_cache, "value_cache"),
                       args::named(invalid, "invalid")},
                      {args::named(new_k, "new_k"), args::named(new_v, "new_v"),
                       args::named(slot_mapping, "slot_mapping")});
-  const int64_t es = key_cache.element_size();
-  const at::Tensor* caches[2] = {&key_cache, &value_cache};
-  const at::Tensor* srcs[2] = {&nk, &nv};
-  for (int i = 0; i < 2; ++i) {
-    P.cache[i] = static_cast<char*>(caches[i]->numel() ? caches[i]->data_ptr() : nullptr);
-    P.src[i] = static_cast<const char*>(srcs[i]->numel() ? srcs[i]->const_data_ptr() : nullptr);
-    for (int d = 0; d < 3; ++d) P.cache_stride[i][d] = caches[i]->stride(d) * es;
-    for (int d = 0; d < 2; ++d) P.src_stride[i][d] = srcs[i]->stride(d) * es;
-  }
+  pair_layout(key_cache, value_cache, P.cache, P.cache_stride);
   P.T = T;
   P.H = H;
   P.block_size = BS;
   P.num_blocks = NB;
-  P.row_bytes = D * es;
+  P.row_bytes = D * static_cast<int64_t>(key_cache.element_size());
   return L;
 }
 
@@ -188,19 +191,14 @@ inline PagedGatherParams prepare_paged_gather(const at::Tensor& key_cache, const
   P.block_tables.stride = block_tables.stride(1);
   P.block_tables.is64 = block_tables.scalar_type() == at::kLong;
   P.table_stride_b = block_tables.stride(0);
-  const int64_t es = key_cache.element_size();
-  const at::Tensor* caches[2] = {&key_cache, &value_cache};
-  for (int i = 0; i < 2; ++i) {
-    P.cache[i] = static_cast<const char*>(caches[i]->numel() ? caches[i]->const_data_ptr() : nullptr);
-    for (int d = 0; d < 3; ++d) P.cache_stride[i][d] = caches[i]->stride(d) * es;
-  }
+  pair_layout(key_cache, value_cache, P.cache, P.cache_stride);
   P.B = B;
   P.H = key_cache.size(2);
   P.max_len = max_len;
   P.block_size = key_cache.size(1);
   P.num_blocks = key_cache.size(0);
   P.max_blocks = block_tables.size(1);
-  P.row_bytes = key_cache.size(3) * es;
+  P.row_bytes = key_cache.size(3) * static_cast<int64_t>(key_cache.element_size());
   return P;
 }
 
@@ -235,9 +233,8 @@ inline void set_gather_outputs(PagedGatherParams& P, const at::Tensor& key_cache
     check_device(o, key_cache, names[i], "key_cache");
     TORCH_CHECK_VALUE(o.size(3) <= 1 || o.stride(3) == 1, names[i],
                       " must have stride 1 in its last (head_dim) dim, got strides ", o.strides());
-    P.out[i] = static_cast<char*>(o.numel() ? o.data_ptr() : nullptr);
-    for (int d = 0; d < 3; ++d) P.out_stride[i][d] = o.stride(d) * o.element_size();
   }
+  pair_layout(keys, values, P.out, P.out_stride);
   args::check_writes({args::named(keys, "keys_out"), args::named(values, "values_out")},
                      {args::named(key_cache, "key_cache"), args::named(value_cache, "value_cache"),
                       args::named(block_tables, "block_tables"), args::named(lengths, "lengths")});

@@ -14,51 +14,45 @@ using args::check_device;
 using args::float_dtype;
 using args::unit_stride_last;
 
-// temperature: a 0-dim CPU tensor (read on the host), a 0-dim tensor on the
-// data's device (read by the kernel) or a [B] tensor (on the data's device, or
-// on the CPU with device data: copied without a host sync).
+// A per-row value (temperature, seed, offset): a 0-dim CPU tensor (read on the
+// host), a 0-dim tensor on the data's device (read by the kernel), or a [B]
+// tensor on the data's device or on the CPU with device data (copied without a
+// host sync; for CUDA-graph capture pass device tensors: a host-to-device copy
+// cannot be captured). `kind` names the scalar form ("a float", "an int").
+template <typename T>
+ScalarOrRow<T> per_row_value(const at::Tensor& t, const at::Tensor& ref, int64_t B, const char* name,
+                             const char* kind, std::vector<at::Tensor>& keep) {
+  TORCH_CHECK_VALUE(t.dim() == 0 || (t.dim() == 1 && t.size(0) == B), name, " must be ", kind,
+                    " or a tensor of shape [B] = [", B, "], got shape ", t.sizes());
+  args::check_device_or_host(t, ref, name, "the logits");
+  ScalarOrRow<T> out;
+  if (t.dim() == 0 && t.device().is_cpu()) {
+    out.value = t.item<T>();
+    return out;
+  }
+  at::Tensor c = t.to(ref.device(), c10::CppTypeToScalarType<T>::value, /*non_blocking=*/true);
+  keep.push_back(c);
+  out.ptr = c.const_data_ptr<T>();
+  out.stride = c.dim() == 0 ? 0 : c.stride(0);
+  return out;
+}
+
+// temperature: float; a host value must be usable (a per-row one makes its row invalid).
 ScalarOrRow<float> per_row_temperature(const at::Tensor& t, const at::Tensor& ref, int64_t B,
                                        std::vector<at::Tensor>& keep) {
   TORCH_CHECK_TYPE(t.is_floating_point(), "temperature must be a float or a floating tensor, got ",
                    t.scalar_type());
-  TORCH_CHECK_VALUE(t.dim() == 0 || (t.dim() == 1 && t.size(0) == B),
-                    "temperature must be a float or a tensor of shape [B] = [", B, "], got shape ", t.sizes());
-  args::check_device_or_host(t, ref, "temperature", "the logits");
-  ScalarOrRow<float> out;
-  if (t.dim() == 0 && t.device().is_cpu()) {
-    out.value = t.item<float>();
-    TORCH_CHECK_VALUE(valid_temperature(out.value),
-                      "temperature must be >= 0 (0 = greedy), finite and with a finite inverse, got ", out.value);
-    return out;
-  }
-  at::Tensor f = t.to(ref.device(), at::kFloat, /*non_blocking=*/true);
-  keep.push_back(f);
-  out.ptr = f.const_data_ptr<float>();
-  out.stride = f.dim() == 0 ? 0 : f.stride(0);
+  const ScalarOrRow<float> out = per_row_value<float>(t, ref, B, "temperature", "a float", keep);
+  TORCH_CHECK_VALUE(out.ptr != nullptr || valid_temperature(out.value),
+                    "temperature must be >= 0 (0 = greedy), finite and with a finite inverse, got ", out.value);
   return out;
 }
 
-// seed / offset: int or 0-dim tensor (batch-wide) or [B] tensor, on the data's
-// device or the CPU (see args::check_device_or_host).
+// seed / offset: int64 (int32 accepted); int or 0-dim tensor = batch-wide, [B] = per row.
 ScalarOrRow<int64_t> per_row_integer(const at::Tensor& t, const at::Tensor& ref, int64_t B,
                                      const char* name, std::vector<at::Tensor>& keep) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong || t.scalar_type() == at::kInt, name,
-                   " must be an int or an int64 tensor, got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.dim() == 0 || (t.dim() == 1 && t.size(0) == B), name,
-                    " must be an int or a tensor of shape [B] = [", B, "], got shape ", t.sizes());
-  args::check_device_or_host(t, ref, name, "the logits");
-  ScalarOrRow<int64_t> out;
-  if (t.dim() == 0 && t.device().is_cpu()) {
-    out.value = t.item<int64_t>();
-    return out;
-  }
-  // non_blocking: a [B] CPU tensor is copied without a host sync (for CUDA-graph
-  // capture pass device tensors: a host-to-device copy cannot be captured).
-  at::Tensor l = t.to(ref.device(), at::kLong, /*non_blocking=*/true);
-  keep.push_back(l);
-  out.ptr = l.const_data_ptr<int64_t>();
-  out.stride = l.dim() == 0 ? 0 : l.stride(0);
-  return out;
+  TORCH_CHECK_TYPE(args::is_index_dtype(t), name, " must be an int or an int64 tensor, got ", t.scalar_type());
+  return per_row_value<int64_t>(t, ref, B, name, "an int", keep);
 }
 
 RowRandomness randomness(const at::Tensor& seed, const at::Tensor& offset, const at::Tensor& ref,

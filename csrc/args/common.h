@@ -94,21 +94,27 @@ inline IndexVec index_vec(const at::Tensor& t, int64_t n, const at::Tensor& ref,
   return v;
 }
 
-// The values of an index vector read ONCE on the host (CPU kernels validate and
-// then use only this snapshot, so a tensor that changes while the op runs
-// cannot make it use an unchecked value).
-inline std::vector<int64_t> snapshot(const IndexVec& v, int64_t n) {
-  std::vector<int64_t> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = v.get(i);
-  return out;
-}
-inline IndexVec view_of(std::vector<int64_t>& values) {
-  IndexVec v;
-  v.ptr = values.data();
-  v.stride = 1;
-  v.is64 = true;
-  return v;
-}
+// The values of an index vector read ONCE on the host: the CPU kernels validate
+// and then use only this snapshot (the IndexVec is re-pointed at it), so a
+// tensor that changes while the op runs cannot make them use an unchecked value.
+class HostIndices {
+ public:
+  HostIndices(IndexVec& v, int64_t n) : HostIndices(v, n, [&v](int64_t i) { return v.get(i); }) {}
+  // Entry i = read(i) (e.g. a 2-D table flattened row by row).
+  template <typename Read>
+  HostIndices(IndexVec& v, int64_t n, Read read) : values_(static_cast<size_t>(n)) {
+    for (int64_t i = 0; i < n; ++i) values_[static_cast<size_t>(i)] = read(i);
+    v.ptr = values_.data();
+    v.stride = 1;
+    v.is64 = true;
+  }
+  HostIndices(const HostIndices&) = delete;
+  HostIndices& operator=(const HostIndices&) = delete;
+  int64_t operator[](int64_t i) const { return values_[static_cast<size_t>(i)]; }
+
+ private:
+  std::vector<int64_t> values_;
+};
 
 // ---- memory overlap ------------------------------------------------------------------
 // Conservative and cheap (metadata only): two tensors may alias when the byte

@@ -70,6 +70,15 @@ struct KVAppendParams {
   bool* overflow = nullptr;                 // [B] sticky flags (CUDA), or nullptr
   int64_t overflow_stride = 1;
   int64_t B = 0, H = 0, S = 0, max_len = 0, row_bytes = 0;
+
+  // Row (b, h, position) of cache kv (0 = key, 1 = value); row (b, h, s) of its source.
+  // (`kv ? x[1] : x[0]` rather than x[kv]: no dynamic indexing of a kernel parameter.)
+  SPECDEC_HD char* cache_row(int kv, int64_t b, int64_t h, int64_t pos) const {
+    return (kv ? cache[1] : cache[0]) + b * cache_stride[kv][0] + h * cache_stride[kv][1] + pos * cache_stride[kv][2];
+  }
+  SPECDEC_HD const char* src_row(int kv, int64_t b, int64_t h, int64_t s) const {
+    return (kv ? src[1] : src[0]) + b * src_stride[kv][0] + h * src_stride[kv][1] + s * src_stride[kv][2];
+  }
 };
 
 // specdec::kv_rollback_.
@@ -92,6 +101,13 @@ struct PagedAppendParams {
   int64_t T = 0, H = 0, block_size = 0, num_blocks = 0, row_bytes = 0;
 
   SPECDEC_HD int64_t num_slots() const { return mul_sat(num_blocks, block_size); }
+  // Row (block, offset, h) of cache kv; row (t, h) of its source.
+  SPECDEC_HD char* cache_row(int kv, int64_t blk, int64_t off, int64_t h) const {
+    return (kv ? cache[1] : cache[0]) + blk * cache_stride[kv][0] + off * cache_stride[kv][1] + h * cache_stride[kv][2];
+  }
+  SPECDEC_HD const char* src_row(int kv, int64_t t, int64_t h) const {
+    return (kv ? src[1] : src[0]) + t * src_stride[kv][0] + h * src_stride[kv][1];
+  }
 };
 
 // specdec::paged_kv_gather / paged_kv_gather_into_. Output [B, H, max_len, D].
@@ -130,6 +146,9 @@ struct PagedGatherParams {
   }
   // Block id holding position p of row b, or -1 when the table entry is out of range.
   SPECDEC_HD int64_t block_of(int64_t b, int64_t p) const { return table_entry(b, p / block_size); }
+  SPECDEC_HD const char* cache_row(int kv, int64_t blk, int64_t off, int64_t h) const {
+    return (kv ? cache[1] : cache[0]) + blk * cache_stride[kv][0] + off * cache_stride[kv][1] + h * cache_stride[kv][2];
+  }
   SPECDEC_HD char* out_row(int kv, int64_t b, int64_t h, int64_t p) const {
     return (kv ? out[1] : out[0]) + b * out_stride[kv][0] + h * out_stride[kv][1] + p * out_stride[kv][2];
   }

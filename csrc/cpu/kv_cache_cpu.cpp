@@ -24,8 +24,7 @@ void kv_append_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const at::Ten
                    const std::optional<at::Tensor>& overflow) {
   kv::KVAppendLaunch L = kv::prepare_kv_append(key_cache, value_cache, new_k, new_v, lengths, overflow);
   KVAppendParams& P = L.p;
-  std::vector<int64_t> len = args::snapshot(P.lengths, P.B);
-  P.lengths = args::view_of(len);
+  const args::HostIndices len(P.lengths, P.B);
   for (int64_t b = 0; b < P.B; ++b) {
     const int64_t n = len[b];
     TORCH_CHECK_VALUE(n >= 0, "kv_append_: lengths[", b, "] = ", n, " is negative; nothing was written");
@@ -39,11 +38,7 @@ void kv_append_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const at::Ten
     for (int64_t r = begin; r < end; ++r) {
       const int64_t s = r % P.S, h = (r / P.S) % P.H, b = r / (P.S * P.H);
       const int64_t pos = P.lengths.get(b) + s;
-      for (int i = 0; i < 2; ++i) {
-        std::memcpy(P.cache[i] + b * P.cache_stride[i][0] + h * P.cache_stride[i][1] + pos * P.cache_stride[i][2],
-                    P.src[i] + b * P.src_stride[i][0] + h * P.src_stride[i][1] + s * P.src_stride[i][2],
-                    P.row_bytes);
-      }
+      for (int kv = 0; kv < 2; ++kv) std::memcpy(P.cache_row(kv, b, h, pos), P.src_row(kv, b, h, s), P.row_bytes);
     }
   });
 }
@@ -70,8 +65,7 @@ void paged_kv_append_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const a
                          const std::optional<at::Tensor>& invalid) {
   kv::PagedAppendLaunch L = kv::prepare_paged_append(key_cache, value_cache, new_k, new_v, slot_mapping, invalid);
   PagedAppendParams& P = L.p;
-  std::vector<int64_t> slots = args::snapshot(P.slots, P.T);
-  P.slots = args::view_of(slots);
+  const args::HostIndices slots(P.slots, P.T);
   const int64_t num_slots = P.num_slots();
   std::vector<int64_t> used;
   used.reserve(P.T);
@@ -94,10 +88,7 @@ void paged_kv_append_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const a
       const int64_t slot = slots[t];
       if (slot < 0) continue;
       const int64_t blk = slot / P.block_size, off = slot % P.block_size;
-      for (int i = 0; i < 2; ++i) {
-        std::memcpy(P.cache[i] + blk * P.cache_stride[i][0] + off * P.cache_stride[i][1] + h * P.cache_stride[i][2],
-                    P.src[i] + t * P.src_stride[i][0] + h * P.src_stride[i][1], P.row_bytes);
-      }
+      for (int kv = 0; kv < 2; ++kv) std::memcpy(P.cache_row(kv, blk, off, h), P.src_row(kv, t, h), P.row_bytes);
     }
   });
 }
@@ -105,12 +96,10 @@ void paged_kv_append_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const a
 // Snapshots lengths and block_tables, validates every row on the snapshot
 // (raising before anything is written), then copies / zero-fills.
 void gather_cpu(PagedGatherParams P) {
-  std::vector<int64_t> len = args::snapshot(P.lengths, P.B);
-  P.lengths = args::view_of(len);
-  std::vector<int64_t> table(static_cast<size_t>(P.B * P.max_blocks));
-  for (int64_t b = 0; b < P.B; ++b)
-    for (int64_t i = 0; i < P.max_blocks; ++i) table[b * P.max_blocks + i] = P.raw_table_entry(b, i);
-  P.block_tables = args::view_of(table);
+  const args::HostIndices len(P.lengths, P.B);
+  const args::HostIndices table(P.block_tables, P.B * P.max_blocks, [&](int64_t k) {
+    return P.raw_table_entry(k / P.max_blocks, k % P.max_blocks);
+  });
   P.table_stride_b = P.max_blocks;
   const int64_t capacity = P.table_capacity();
   for (int64_t b = 0; b < P.B; ++b) {
@@ -130,14 +119,10 @@ void gather_cpu(PagedGatherParams P) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t p = r % P.max_len, h = (r / P.max_len) % P.H, b = r / (P.max_len * P.H);
       const int64_t blk = p < P.clamped_length(b) ? P.block_of(b, p) : -1;
-      for (int i = 0; i < 2; ++i) {
-        char* dst = P.out_row(i, b, h, p);
-        if (blk < 0) {
-          std::memset(dst, 0, P.row_bytes);
-        } else {
-          std::memcpy(dst, P.cache[i] + blk * P.cache_stride[i][0] + (p % P.block_size) * P.cache_stride[i][1] +
-                               h * P.cache_stride[i][2], P.row_bytes);
-        }
+      for (int kv = 0; kv < 2; ++kv) {
+        char* dst = P.out_row(kv, b, h, p);
+        if (blk < 0) std::memset(dst, 0, P.row_bytes);
+        else std::memcpy(dst, P.cache_row(kv, blk, p % P.block_size, h), P.row_bytes);
       }
     }
   });
