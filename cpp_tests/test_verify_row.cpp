@@ -95,6 +95,25 @@ TEST(ReferenceRow, ExtremeTemperaturesAndLogits) {
   EXPECT_FALSE(verify_row_reference(huge, nullptr, nullptr, 0, 3, 1e-40f, RowRng(2, 0), tokens).valid);
 }
 
+TEST(ReferenceRow, SampleRow) {
+  const float logits[] = {1.0f, -kInf, 3e38f, 0.5f, 2.0f};
+  float probs[5];
+  EXPECT_EQ(sample_row_reference(logits, 5, 1e-3f, RowRng(3, 0), probs), 2);  // point mass
+  EXPECT_EQ(probs[2], 1.0f);
+  const float small[] = {1.0f, -kInf, 0.0f, 0.5f, 2.0f};
+  const int64_t t = sample_row_reference(small, 5, 1.0f, RowRng(3, 0), probs);
+  EXPECT_TRUE(t >= 0 && t < 5 && t != 1);
+  float sum = 0.0f;
+  for (float p : probs) sum += p;
+  EXPECT_NEAR(sum, 1.0f, 1e-6f);
+  EXPECT_EQ(probs[1], 0.0f);
+  EXPECT_EQ(sample_row_reference(small, 5, 0.0f, RowRng(3, 0), probs), 4);
+  EXPECT_EQ(probs[4], 1.0f);
+  const float bad[] = {1.0f, std::nanf("")};
+  EXPECT_EQ(sample_row_reference(bad, 2, 1.0f, RowRng(3, 0), probs), -1);
+  EXPECT_EQ(probs[0], 0.0f);
+}
+
 // Chi-square of the reference's (num_accepted, token) law against the closed
 // form, K = 1, V = 5, 200k rows with distinct offsets. 7 possible cells (the residual
 // is non-zero at tokens 0 and 4 only; 5 bonus tokens). Critical value of the
