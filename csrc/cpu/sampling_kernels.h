@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "../core/dtype_dispatch.h"
 #include "../core/rng.h"
@@ -89,25 +90,39 @@ inline void row_max(const T* row, int64_t V, bool want_argmax, float& max_out, i
 }
 
 // e = exp((l - m) * inv_t) for a vector of logits: the formula of verify_math.h
-// (shifted_exp), never fused into an FMA, so e == 1 exactly at l == m.
-inline Vec shifted_exp_vec(const Vec& x, const Vec& vm, const Vec& va) { return ((x - vm) * va).exp_u20(); }
+// (shifted_exp), never fused into an FMA, so e == 1 exactly at l == m. kUnitT:
+// inv_t == 1, where the multiply is skipped ((l - m) * 1 is exact: same result,
+// one vector op less per element, the cost of the exact formula over an FMA).
+template <bool kUnitT>
+inline Vec shifted_exp_vec(const Vec& x, const Vec& vm, const Vec& va) {
+  if constexpr (kUnitT) return (x - vm).exp_u20();
+  else return ((x - vm) * va).exp_u20();
+}
+
+// fn(std::true_type{}) when inv_t == 1, else fn(std::false_type{}): picks shifted_exp_vec's variant.
+template <typename Fn>
+inline decltype(auto) with_unit_t(float inv_t, Fn&& fn) {
+  return inv_t == 1.0f ? fn(std::true_type{}) : fn(std::false_type{});
+}
 
 // sum_v exp((l_v - m) * inv_t) over a row; m is the row's max logit.
 template <typename T>
 inline float row_sum_exp(const T* row, int64_t V, float inv_t, float m) {
-  alignas(64) float buf[kTile];
-  const Vec va(inv_t), vm(m);
-  Vec acc(0.0f);
-  float tail = 0.0f;
-  for (int64_t v0 = 0; v0 < V; v0 += kTile) {
-    const int64_t n = std::min(kTile, V - v0);
-    const float* x = tile_as_float(row, v0, n, buf);
-    int64_t k = 0;
-    for (; k + Vec::size() <= n; k += Vec::size())
-      acc = acc + shifted_exp_vec(Vec::loadu(x + k), vm, va);
-    for (; k < n; ++k) tail += shifted_exp(x[k], m, inv_t);
-  }
-  return hsum(acc) + tail;
+  return with_unit_t(inv_t, [&](auto unit_t) {
+    alignas(64) float buf[kTile];
+    const Vec va(inv_t), vm(m);
+    Vec acc(0.0f);
+    float tail = 0.0f;
+    for (int64_t v0 = 0; v0 < V; v0 += kTile) {
+      const int64_t n = std::min(kTile, V - v0);
+      const float* x = tile_as_float(row, v0, n, buf);
+      int64_t k = 0;
+      for (; k + Vec::size() <= n; k += Vec::size())
+        acc = acc + shifted_exp_vec<decltype(unit_t)::value>(Vec::loadu(x + k), vm, va);
+      for (; k < n; ++k) tail += shifted_exp(x[k], m, inv_t);
+    }
+    return hsum(acc) + tail;
+  });
 }
 
 // Exponentials E_v for v in [v0, v0 + n), v0 a multiple of 4, n <= kTile.
@@ -148,19 +163,22 @@ inline bool tile_weights(const T* row, const TQ* q_row, QMode q_mode, int64_t dr
   const float inv_s = 1.0f / st.sum;
   const Vec va(inv_t), vm(st.max), vis(inv_s), zero(0.0f);
   Vec qmin(0.0f), qmax(0.0f);
-  int64_t k = 0;
-  for (; k + Vec::size() <= n; k += Vec::size()) {
-    const Vec pv = shifted_exp_vec(Vec::loadu(x + k), vm, va) * vis;
-    pv.store(p + k);
-    if (q) {
-      const Vec vq = Vec::loadu(q + k);
-      qmin = at::vec::minimum(qmin, vq);
-      qmax = at::vec::maximum(qmax, vq);
-      at::vec::maximum(pv - vq, zero).store(w + k);
-    } else {
-      pv.store(w + k);
+  int64_t k = with_unit_t(inv_t, [&](auto unit_t) {
+    int64_t k = 0;
+    for (; k + Vec::size() <= n; k += Vec::size()) {
+      const Vec pv = shifted_exp_vec<decltype(unit_t)::value>(Vec::loadu(x + k), vm, va) * vis;
+      pv.store(p + k);
+      if (q) {
+        const Vec vq = Vec::loadu(q + k);
+        qmin = at::vec::minimum(qmin, vq);
+        qmax = at::vec::maximum(qmax, vq);
+        at::vec::maximum(pv - vq, zero).store(w + k);
+      } else {
+        pv.store(w + k);
+      }
     }
-  }
+    return k;
+  });
   for (; k < n; ++k) {
     const float e = shifted_exp(x[k], st.max, inv_t);
     p[k] = e * inv_s;
