@@ -18,12 +18,12 @@ TEST(Stats, MergeMatchesDirectComputation) {
   std::vector<float> x = {1.f, -2.f, 3.5f, 0.25f, -kInf, 2.f};
   const SoftmaxStats all = reference_stats(x.data(), x.size(), 1.0f);
   SoftmaxStats a = reference_stats(x.data(), 3, 1.0f), b = reference_stats(x.data() + 3, 3, 1.0f);
-  const SoftmaxStats m1 = stats_merge(a, b), m2 = stats_merge(b, a);
+  const SoftmaxStats m1 = stats_merge(a, b, 1.0f), m2 = stats_merge(b, a, 1.0f);
   EXPECT_FLOAT_EQ(m1.max, all.max);
   EXPECT_NEAR(m1.sum, all.sum, 1e-5);
   EXPECT_NEAR(m2.sum, all.sum, 1e-5);
-  EXPECT_EQ(stats_merge(stats_empty(), a).sum, a.sum);
-  EXPECT_EQ(stats_merge(a, stats_empty()).sum, a.sum);
+  EXPECT_EQ(stats_merge(stats_empty(), a, 1.0f).sum, a.sum);
+  EXPECT_EQ(stats_merge(a, stats_empty(), 1.0f).sum, a.sum);
 }
 
 TEST(RatioTest, NeverAcceptsZeroProbability) {
@@ -71,6 +71,47 @@ TEST(ReferenceRow, InvalidInputs) {
   EXPECT_FALSE(verify_row_reference(logits.data(), nullptr, bad_drafts, 2, 5, 1.0f, RowRng(1, 0), tokens).valid);
   EXPECT_FALSE(verify_row_reference(logits.data(), nullptr, drafts, 2, 5, -1.0f, RowRng(1, 0), tokens).valid);
   EXPECT_EQ(tokens[0], -1);
+}
+
+// (l - max) * (1/T): the max token weighs exactly 1 whatever T, so s >= 1 and a
+// row of finite logits always has a token (issue 11).
+TEST(ReferenceRow, ExtremeTemperaturesAndLogits) {
+  for (float t : {1e-38f, 1e-20f, 1e-9f, 1.0f, 1e20f, 3e38f})
+    for (float m : {6.34375f, 3e38f, -3e38f, 0.0f}) EXPECT_EQ(shifted_exp(m, m, 1.0f / t), 1.0f);
+  int64_t tokens[1];
+  const float tiny[] = {6.34375f, 6.0f};
+  auto r = verify_row_reference(tiny, nullptr, nullptr, 0, 2, 1e-20f, RowRng(1, 0), tokens);
+  EXPECT_TRUE(r.valid);
+  EXPECT_EQ(tokens[0], 0);
+  const float huge[] = {0.0f, 3e38f, -3e38f};
+  for (float t : {1e-38f, 0.5f, 3e38f}) {
+    r = verify_row_reference(huge, nullptr, nullptr, 0, 3, t, RowRng(2, 0), tokens);
+    EXPECT_TRUE(r.valid) << t;
+    EXPECT_GE(tokens[0], 0);
+    EXPECT_LT(tokens[0], 3);
+  }
+  r = verify_row_reference(huge, nullptr, nullptr, 0, 3, 1e-38f, RowRng(2, 0), tokens);
+  EXPECT_EQ(tokens[0], 1);  // point mass at the argmax
+  EXPECT_FALSE(verify_row_reference(huge, nullptr, nullptr, 0, 3, 1e-40f, RowRng(2, 0), tokens).valid);
+}
+
+TEST(ReferenceRow, SampleRow) {
+  const float logits[] = {1.0f, -kInf, 3e38f, 0.5f, 2.0f};
+  float probs[5];
+  EXPECT_EQ(sample_row_reference(logits, 5, 1e-3f, RowRng(3, 0), probs), 2);  // point mass
+  EXPECT_EQ(probs[2], 1.0f);
+  const float small[] = {1.0f, -kInf, 0.0f, 0.5f, 2.0f};
+  const int64_t t = sample_row_reference(small, 5, 1.0f, RowRng(3, 0), probs);
+  EXPECT_TRUE(t >= 0 && t < 5 && t != 1);
+  float sum = 0.0f;
+  for (float p : probs) sum += p;
+  EXPECT_NEAR(sum, 1.0f, 1e-6f);
+  EXPECT_EQ(probs[1], 0.0f);
+  EXPECT_EQ(sample_row_reference(small, 5, 0.0f, RowRng(3, 0), probs), 4);
+  EXPECT_EQ(probs[4], 1.0f);
+  const float bad[] = {1.0f, std::nanf("")};
+  EXPECT_EQ(sample_row_reference(bad, 2, 1.0f, RowRng(3, 0), probs), -1);
+  EXPECT_EQ(probs[0], 0.0f);
 }
 
 // Chi-square of the reference's (num_accepted, token) law against the closed

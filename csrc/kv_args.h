@@ -1,99 +1,91 @@
 // Tensor-facing argument handling of the KV-cache ops, shared by the CPU and
-// CUDA launchers: every user error is a TORCH_CHECK naming the argument (raised
-// before anything is written), and the result is a byte-addressed parameter
-// block (core/kv_cache.h). Header-only (inline) so that both backends' files
-// use it without another translation unit in setup.py.
+// CUDA launchers: every user error is raised (args/common.h: ValueError /
+// TypeError) naming the argument, before anything is written, and the result is
+// a byte-addressed parameter block (core/kv_cache.h). Header-only: it is
+// included by csrc/cpu/kv_cache_cpu.cpp and csrc/cuda/kv_cache_cuda.cu.
 #pragma once
-#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <optional>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
+#include "args/common.h"
 #include "core/kv_cache.h"
 
 namespace specdec {
 namespace kv {
 
-inline void check_cache_dtype(const at::Tensor& t, const char* name) {
-  const auto s = t.scalar_type();
-  TORCH_CHECK(s == at::kFloat || s == at::kHalf || s == at::kBFloat16, name,
-              " must be float32, float16 or bfloat16, got ", s);
-}
-
-inline void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* name, const char* ref_name) {
-  TORCH_CHECK(t.device() == ref.device(), name, " is on ", t.device(), " but ", ref_name, " is on ",
-              ref.device(), ": all tensors must be on one device");
-}
-
-// An int32 / int64 [n] index vector on the cache's device.
-inline IndexVec index_vec(const at::Tensor& t, int64_t n, const at::Tensor& ref, const char* name,
-                          const char* n_name) {
-  TORCH_CHECK(t.scalar_type() == at::kLong || t.scalar_type() == at::kInt, name,
-              " must be int32 or int64, got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == n, name, " must have shape [", n_name, "] = [", n,
-              "], got shape ", t.sizes());
-  check_same_device(t, ref, name, "the cache");
-  IndexVec v;
-  v.ptr = const_cast<void*>(t.const_data_ptr());
-  v.stride = t.stride(0);
-  v.is64 = t.scalar_type() == at::kLong;
-  return v;
-}
+using args::check_device;
+using args::index_vec;
 
 // Optional sticky bool flags (written by CUDA kernels only) of `numel` elements.
 inline bool* flag_ptr(const std::optional<at::Tensor>& f, int64_t numel, const at::Tensor& ref,
                       const char* name, const char* shape, int64_t* stride) {
   if (!f.has_value()) return nullptr;
   const at::Tensor& t = *f;
-  TORCH_CHECK(t.scalar_type() == at::kBool, name, " must be a bool tensor, got ", t.scalar_type());
-  TORCH_CHECK(t.numel() == numel && t.dim() <= 1, name, " must have shape ", shape, ", got shape ", t.sizes());
-  check_same_device(t, ref, name, "the cache");
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kBool, name, " must be a bool tensor, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.numel() == numel && t.dim() <= 1, name, " must have shape ", shape, ", got shape ",
+                    t.sizes());
+  check_device(t, ref, name, "the cache");
   if (stride) *stride = t.dim() == 1 ? t.stride(0) : 1;
   return t.mutable_data_ptr<bool>();
 }
 
-// key_cache and value_cache: same dtype / shape / device, head dim contiguous, not the same memory.
-// Written tensors must not alias themselves (stride 0) or each other, even partly:
-// on CUDA overlapping writes would race. Metadata only, no device access.
-inline void check_no_overlap(const at::Tensor& a, const at::Tensor& b, const char* a_name, const char* b_name) {
-  TORCH_CHECK(at::has_internal_overlap(a) != at::MemOverlap::Yes, a_name,
-              " has overlapping elements (e.g. an expanded tensor); it must be writable element by element");
-  TORCH_CHECK(at::has_internal_overlap(b) != at::MemOverlap::Yes, b_name,
-              " has overlapping elements (e.g. an expanded tensor); it must be writable element by element");
-  const at::MemOverlapStatus st = at::get_overlap_status(a, b);
-  TORCH_CHECK(st != at::MemOverlapStatus::Full && st != at::MemOverlapStatus::Partial, a_name, " and ", b_name,
-              " overlap in memory; they must be separate tensors");
-}
-
+// key_cache and value_cache: same dtype / shape / device, head dim contiguous.
+// Whether they may share memory is the op's business: written caches are checked
+// by args::check_writes, read-only ones (paged_kv_gather) may alias freely.
 inline void check_cache_pair(const at::Tensor& k, const at::Tensor& v, int64_t dims, const char* layout) {
-  TORCH_CHECK(k.dim() == dims, "key_cache must be ", layout, ", got shape ", k.sizes());
-  TORCH_CHECK(v.dim() == dims, "value_cache must be ", layout, ", got shape ", v.sizes());
-  check_cache_dtype(k, "key_cache");
-  TORCH_CHECK(v.scalar_type() == k.scalar_type(), "value_cache has dtype ", v.scalar_type(),
-              " but key_cache has ", k.scalar_type(), ": they must match");
-  TORCH_CHECK(v.sizes() == k.sizes(), "value_cache has shape ", v.sizes(), " but key_cache has ", k.sizes(),
-              ": they must match");
-  check_same_device(v, k, "value_cache", "key_cache");
-  TORCH_CHECK(k.size(dims - 1) <= 1 || k.stride(dims - 1) == 1,
-              "key_cache must have stride 1 in its last (head_dim) dim, got strides ", k.strides());
-  TORCH_CHECK(v.size(dims - 1) <= 1 || v.stride(dims - 1) == 1,
-              "value_cache must have stride 1 in its last (head_dim) dim, got strides ", v.strides());
-  TORCH_CHECK(k.numel() == 0 || k.data_ptr() != v.data_ptr(),
-              "key_cache and value_cache must be different tensors (they share memory)");
-  check_no_overlap(k, v, "key_cache", "value_cache");
+  TORCH_CHECK_VALUE(k.dim() == dims, "key_cache must be ", layout, ", got shape ", k.sizes());
+  TORCH_CHECK_VALUE(v.dim() == dims, "value_cache must be ", layout, ", got shape ", v.sizes());
+  args::float_dtype(k, "key_cache");
+  args::check_same_dtype(v, k, "value_cache", "key_cache");
+  TORCH_CHECK_VALUE(v.sizes() == k.sizes(), "value_cache has shape ", v.sizes(), " but key_cache has ", k.sizes(),
+                    ": they must match");
+  check_device(v, k, "value_cache", "key_cache");
+  TORCH_CHECK_VALUE(k.size(dims - 1) <= 1 || k.stride(dims - 1) == 1,
+                    "key_cache must have stride 1 in its last (head_dim) dim, got strides ", k.strides());
+  TORCH_CHECK_VALUE(v.size(dims - 1) <= 1 || v.stride(dims - 1) == 1,
+                    "value_cache must have stride 1 in its last (head_dim) dim, got strides ", v.strides());
 }
 
 // New keys / values: the cache's dtype and device (no implicit cast), given shape.
 inline at::Tensor check_new(const at::Tensor& t, const at::Tensor& cache, at::IntArrayRef shape,
                             const char* name, const char* cache_name, const char* layout) {
-  TORCH_CHECK(t.scalar_type() == cache.scalar_type(), name, " has dtype ", t.scalar_type(), " but ",
-              cache_name, " has ", cache.scalar_type(), ": cast it first (", name, ".to(", cache_name,
-              ".dtype)); the op never converts");
-  TORCH_CHECK(t.sizes() == shape, name, " must be ", layout, " = ", shape, ", got shape ", t.sizes());
-  check_same_device(t, cache, name, cache_name);
-  return (t.dim() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1) ? t : t.contiguous();
+  TORCH_CHECK_TYPE(t.scalar_type() == cache.scalar_type(), name, " has dtype ", t.scalar_type(), " but ",
+                   cache_name, " has ", cache.scalar_type(), ": cast it first (", name, ".to(", cache_name,
+                   ".dtype)); the op never converts");
+  TORCH_CHECK_VALUE(t.sizes() == shape, name, " must be ", layout, " = ", shape, ", got shape ", t.sizes());
+  check_device(t, cache, name, cache_name);
+  return args::unit_stride_last(t);
+}
+
+// Data pointers (nullptr when empty) and byte strides of the first N dims of a
+// (key, value) pair of tensors. Ptr = const char* for tensors the op only reads.
+template <typename Ptr, size_t N>
+void pair_layout(const at::Tensor& k, const at::Tensor& v, Ptr (&ptr)[2], int64_t (&stride)[2][N]) {
+  const at::Tensor* t[2] = {&k, &v};
+  for (int i = 0; i < 2; ++i) {
+    if constexpr (std::is_const_v<std::remove_pointer_t<Ptr>>)
+      ptr[i] = static_cast<Ptr>(t[i]->numel() ? t[i]->const_data_ptr() : nullptr);
+    else
+      ptr[i] = static_cast<Ptr>(t[i]->numel() ? t[i]->data_ptr() : nullptr);
+    for (size_t d = 0; d < N; ++d) stride[i][d] = t[i]->stride(d) * static_cast<int64_t>(t[i]->element_size());
+  }
+}
+
+// new_k / new_v checked against their caches (check_new); their layout goes to src / src_stride
+// and the tensors (a contiguous copy if the head dim was strided) to keep.
+template <size_t N>
+void set_new_pair(const at::Tensor& new_k, const at::Tensor& new_v, const at::Tensor& key_cache,
+                  const at::Tensor& value_cache, at::IntArrayRef shape, const char* layout, const char* (&src)[2],
+                  int64_t (&src_stride)[2][N], std::vector<at::Tensor>& keep) {
+  keep = {check_new(new_k, key_cache, shape, "new_k", "key_cache", layout),
+          check_new(new_v, value_cache, shape, "new_v", "value_cache", layout)};
+  pair_layout(keep[0], keep[1], src, src_stride);
 }
 
 struct KVAppendLaunch {
@@ -107,32 +99,23 @@ inline KVAppendLaunch prepare_kv_append(const at::Tensor& key_cache, const at::T
                                         const at::Tensor& lengths, const std::optional<at::Tensor>& overflow) {
   check_cache_pair(key_cache, value_cache, 4, "[B, H, max_len, D]");
   const int64_t B = key_cache.size(0), H = key_cache.size(1), M = key_cache.size(2), D = key_cache.size(3);
-  TORCH_CHECK(new_k.dim() == 4, "new_k must be [B, H, S, D], got shape ", new_k.sizes());
+  TORCH_CHECK_VALUE(new_k.dim() == 4, "new_k must be [B, H, S, D], got shape ", new_k.sizes());
   const int64_t S = new_k.size(2);
-  const std::vector<int64_t> shape{B, H, S, D};
   KVAppendLaunch L;
-  at::Tensor nk = check_new(new_k, key_cache, shape, "new_k", "key_cache", "[B, H, S, D]");
-  at::Tensor nv = check_new(new_v, value_cache, shape, "new_v", "value_cache", "[B, H, S, D]");
-  L.keep_alive = {nk, nv};
   KVAppendParams& P = L.p;
+  set_new_pair(new_k, new_v, key_cache, value_cache, {B, H, S, D}, "[B, H, S, D]", P.src, P.src_stride,
+               L.keep_alive);
   P.lengths = index_vec(lengths, B, key_cache, "lengths", "B");
   P.overflow = flag_ptr(overflow, B, key_cache, "overflow", "[B]", &P.overflow_stride);
-  const int64_t es = key_cache.element_size();
-  const at::Tensor* caches[2] = {&key_cache, &value_cache};
-  const at::Tensor* srcs[2] = {&nk, &nv};
-  for (int i = 0; i < 2; ++i) {
-    P.cache[i] = static_cast<char*>(caches[i]->numel() ? caches[i]->data_ptr() : nullptr);
-    P.src[i] = static_cast<const char*>(srcs[i]->numel() ? srcs[i]->const_data_ptr() : nullptr);
-    for (int d = 0; d < 3; ++d) {
-      P.cache_stride[i][d] = caches[i]->stride(d) * es;
-      P.src_stride[i][d] = srcs[i]->stride(d) * es;
-    }
-  }
+  args::check_writes({args::named(key_cache, "key_cache"), args::named(value_cache, "value_cache"),
+                      args::named(overflow, "overflow")},
+                     {args::named(new_k, "new_k"), args::named(new_v, "new_v"), args::named(lengths, "lengths")});
+  pair_layout(key_cache, value_cache, P.cache, P.cache_stride);
   P.B = B;
   P.H = H;
   P.S = S;
   P.max_len = M;
-  P.row_bytes = D * es;
+  P.row_bytes = D * static_cast<int64_t>(key_cache.element_size());
   return L;
 }
 
@@ -140,14 +123,16 @@ inline KVAppendLaunch prepare_kv_append(const at::Tensor& key_cache, const at::T
 inline KVRollbackParams prepare_kv_rollback(const at::Tensor& lengths, int64_t num_appended,
                                             const at::Tensor& num_kept,
                                             const std::optional<at::Tensor>& invalid) {
-  TORCH_CHECK(lengths.dim() == 1, "lengths must have shape [B], got shape ", lengths.sizes());
+  TORCH_CHECK_VALUE(lengths.dim() == 1, "lengths must have shape [B], got shape ", lengths.sizes());
   const int64_t B = lengths.size(0);
-  TORCH_CHECK(num_appended >= 0, "num_appended must be >= 0, got ", num_appended);
+  TORCH_CHECK_VALUE(num_appended >= 0, "num_appended must be >= 0, got ", num_appended);
   KVRollbackParams P;
   P.lengths = index_vec(lengths, B, lengths, "lengths", "B");
   P.lengths.ptr = B ? lengths.data_ptr() : nullptr;
   P.num_kept = index_vec(num_kept, B, lengths, "num_kept", "B");
   P.invalid = flag_ptr(invalid, B, lengths, "invalid", "[B]", &P.invalid_stride);
+  args::check_writes({args::named(lengths, "lengths"), args::named(invalid, "invalid")},
+                     {args::named(num_kept, "num_kept")});
   P.B = B;
   P.num_appended = num_appended;
   return P;
@@ -165,31 +150,24 @@ inline PagedAppendLaunch prepare_paged_append(const at::Tensor& key_cache, const
                                               const std::optional<at::Tensor>& invalid) {
   check_cache_pair(key_cache, value_cache, 4, "[num_blocks, block_size, H, D]");
   const int64_t NB = key_cache.size(0), BS = key_cache.size(1), H = key_cache.size(2), D = key_cache.size(3);
-  TORCH_CHECK(BS >= 1, "key_cache must have block_size >= 1, got shape ", key_cache.sizes());
-  TORCH_CHECK(new_k.dim() == 3, "new_k must be [T, H, D], got shape ", new_k.sizes());
+  TORCH_CHECK_VALUE(BS >= 1, "key_cache must have block_size >= 1, got shape ", key_cache.sizes());
+  TORCH_CHECK_VALUE(new_k.dim() == 3, "new_k must be [T, H, D], got shape ", new_k.sizes());
   const int64_t T = new_k.size(0);
-  const std::vector<int64_t> shape{T, H, D};
   PagedAppendLaunch L;
-  at::Tensor nk = check_new(new_k, key_cache, shape, "new_k", "key_cache", "[T, H, D]");
-  at::Tensor nv = check_new(new_v, value_cache, shape, "new_v", "value_cache", "[T, H, D]");
-  L.keep_alive = {nk, nv};
   PagedAppendParams& P = L.p;
+  set_new_pair(new_k, new_v, key_cache, value_cache, {T, H, D}, "[T, H, D]", P.src, P.src_stride, L.keep_alive);
   P.slots = index_vec(slot_mapping, T, key_cache, "slot_mapping", "T");
   P.invalid = flag_ptr(invalid, 1, key_cache, "invalid", "[] (one element)", nullptr);
-  const int64_t es = key_cache.element_size();
-  const at::Tensor* caches[2] = {&key_cache, &value_cache};
-  const at::Tensor* srcs[2] = {&nk, &nv};
-  for (int i = 0; i < 2; ++i) {
-    P.cache[i] = static_cast<char*>(caches[i]->numel() ? caches[i]->data_ptr() : nullptr);
-    P.src[i] = static_cast<const char*>(srcs[i]->numel() ? srcs[i]->const_data_ptr() : nullptr);
-    for (int d = 0; d < 3; ++d) P.cache_stride[i][d] = caches[i]->stride(d) * es;
-    for (int d = 0; d < 2; ++d) P.src_stride[i][d] = srcs[i]->stride(d) * es;
-  }
+  args::check_writes({args::named(key_cache, "key_cache"), args::named(value_cache, "value_cache"),
+                      args::named(invalid, "invalid")},
+                     {args::named(new_k, "new_k"), args::named(new_v, "new_v"),
+                      args::named(slot_mapping, "slot_mapping")});
+  pair_layout(key_cache, value_cache, P.cache, P.cache_stride);
   P.T = T;
   P.H = H;
   P.block_size = BS;
   P.num_blocks = NB;
-  P.row_bytes = D * es;
+  P.row_bytes = D * static_cast<int64_t>(key_cache.element_size());
   return L;
 }
 
@@ -199,13 +177,13 @@ inline PagedGatherParams prepare_paged_gather(const at::Tensor& key_cache, const
                                               const at::Tensor& block_tables, const at::Tensor& lengths,
                                               int64_t max_len) {
   check_cache_pair(key_cache, value_cache, 4, "[num_blocks, block_size, H, D]");
-  TORCH_CHECK(max_len >= 0, "max_len must be >= 0, got ", max_len);
-  TORCH_CHECK(key_cache.size(1) >= 1, "key_cache must have block_size >= 1, got shape ", key_cache.sizes());
-  TORCH_CHECK(block_tables.dim() == 2, "block_tables must be [B, max_blocks_per_seq], got shape ",
-              block_tables.sizes());
-  TORCH_CHECK(block_tables.scalar_type() == at::kInt || block_tables.scalar_type() == at::kLong,
-              "block_tables must be int32 (or int64), got ", block_tables.scalar_type());
-  check_same_device(block_tables, key_cache, "block_tables", "key_cache");
+  TORCH_CHECK_VALUE(max_len >= 0, "max_len must be >= 0, got ", max_len);
+  TORCH_CHECK_VALUE(key_cache.size(1) >= 1, "key_cache must have block_size >= 1, got shape ", key_cache.sizes());
+  TORCH_CHECK_VALUE(block_tables.dim() == 2, "block_tables must be [B, max_blocks_per_seq], got shape ",
+                    block_tables.sizes());
+  TORCH_CHECK_TYPE(args::is_index_dtype(block_tables), "block_tables must be int32 (or int64), got ",
+                   block_tables.scalar_type());
+  check_device(block_tables, key_cache, "block_tables", "key_cache");
   const int64_t B = block_tables.size(0);
   PagedGatherParams P;
   P.lengths = index_vec(lengths, B, key_cache, "lengths", "B (rows of block_tables)");
@@ -213,43 +191,63 @@ inline PagedGatherParams prepare_paged_gather(const at::Tensor& key_cache, const
   P.block_tables.stride = block_tables.stride(1);
   P.block_tables.is64 = block_tables.scalar_type() == at::kLong;
   P.table_stride_b = block_tables.stride(0);
-  const int64_t es = key_cache.element_size();
-  const at::Tensor* caches[2] = {&key_cache, &value_cache};
-  for (int i = 0; i < 2; ++i) {
-    P.cache[i] = static_cast<const char*>(caches[i]->numel() ? caches[i]->const_data_ptr() : nullptr);
-    for (int d = 0; d < 3; ++d) P.cache_stride[i][d] = caches[i]->stride(d) * es;
-  }
+  pair_layout(key_cache, value_cache, P.cache, P.cache_stride);
   P.B = B;
   P.H = key_cache.size(2);
   P.max_len = max_len;
   P.block_size = key_cache.size(1);
   P.num_blocks = key_cache.size(0);
   P.max_blocks = block_tables.size(1);
-  P.row_bytes = key_cache.size(3) * es;
+  P.row_bytes = key_cache.size(3) * static_cast<int64_t>(key_cache.element_size());
   return P;
 }
 
-// Gather outputs keys / values [B, H, max_len, D]: the cache's dtype and device, head dim contiguous.
-inline void set_gather_outputs(PagedGatherParams& P, const at::Tensor& key_cache, const at::Tensor& keys,
+// paged_kv_gather = allocate the outputs + paged_kv_gather_into_ (`into`, the
+// backend's op), so each backend has one gather path. Argument errors are raised
+// by prepare_paged_gather before anything is allocated.
+template <typename Into>
+std::tuple<at::Tensor, at::Tensor> gather_by_allocating(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                                        const at::Tensor& block_tables, const at::Tensor& lengths,
+                                                        int64_t max_len, Into into) {
+  const PagedGatherParams P = prepare_paged_gather(key_cache, value_cache, block_tables, lengths, max_len);
+  at::Tensor keys = at::empty({P.B, P.H, max_len, key_cache.size(3)}, key_cache.options());
+  at::Tensor values = at::empty({P.B, P.H, max_len, value_cache.size(3)}, value_cache.options());
+  into(key_cache, value_cache, block_tables, lengths, keys, values);
+  return {keys, values};
+}
+
+// Gather outputs keys / values [B, H, max_len, D]: the cache's dtype and device, head dim
+// contiguous, sharing no byte with each other or with any input.
+inline void set_gather_outputs(PagedGatherParams& P, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                               const at::Tensor& block_tables, const at::Tensor& lengths, const at::Tensor& keys,
                                const at::Tensor& values) {
   const std::vector<int64_t> shape{P.B, P.H, P.max_len, key_cache.size(3)};
   const at::Tensor* outs[2] = {&keys, &values};
   const char* names[2] = {"keys_out", "values_out"};
   for (int i = 0; i < 2; ++i) {
     const at::Tensor& o = *outs[i];
-    TORCH_CHECK(o.scalar_type() == key_cache.scalar_type(), names[i], " has dtype ", o.scalar_type(),
-                " but the cache has ", key_cache.scalar_type(), ": they must match");
-    TORCH_CHECK(o.sizes() == at::IntArrayRef(shape), names[i], " must be [B, H, max_len, D] = ", shape,
-                ", got shape ", o.sizes());
-    check_same_device(o, key_cache, names[i], "key_cache");
-    TORCH_CHECK(o.size(3) <= 1 || o.stride(3) == 1, names[i],
-                " must have stride 1 in its last (head_dim) dim, got strides ", o.strides());
-    P.out[i] = static_cast<char*>(o.numel() ? o.data_ptr() : nullptr);
-    for (int d = 0; d < 3; ++d) P.out_stride[i][d] = o.stride(d) * o.element_size();
+    TORCH_CHECK_TYPE(o.scalar_type() == key_cache.scalar_type(), names[i], " has dtype ", o.scalar_type(),
+                     " but the cache has ", key_cache.scalar_type(), ": they must match");
+    TORCH_CHECK_VALUE(o.sizes() == at::IntArrayRef(shape), names[i], " must be [B, H, max_len, D] = ", shape,
+                      ", got shape ", o.sizes());
+    check_device(o, key_cache, names[i], "key_cache");
+    TORCH_CHECK_VALUE(o.size(3) <= 1 || o.stride(3) == 1, names[i],
+                      " must have stride 1 in its last (head_dim) dim, got strides ", o.strides());
   }
-  TORCH_CHECK(keys.numel() == 0 || keys.data_ptr() != values.data_ptr(),
-              "keys_out and values_out must be different tensors (they share memory)");
-  check_no_overlap(keys, values, "keys_out", "values_out");
+  pair_layout(keys, values, P.out, P.out_stride);
+  args::check_writes({args::named(keys, "keys_out"), args::named(values, "values_out")},
+                     {args::named(key_cache, "key_cache"), args::named(value_cache, "value_cache"),
+                      args::named(block_tables, "block_tables"), args::named(lengths, "lengths")});
+}
+
+// paged_kv_gather_into_(key_cache, value_cache, block_tables, lengths, keys_out [B,H,max_len,D], values_out)
+inline PagedGatherParams prepare_paged_gather_into(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                                   const at::Tensor& block_tables, const at::Tensor& lengths,
+                                                   const at::Tensor& keys_out, const at::Tensor& values_out) {
+  TORCH_CHECK_VALUE(keys_out.dim() == 4, "keys_out must be [B, H, max_len, D], got shape ", keys_out.sizes());
+  PagedGatherParams P = prepare_paged_gather(key_cache, value_cache, block_tables, lengths, keys_out.size(2));
+  set_gather_outputs(P, key_cache, value_cache, block_tables, lengths, keys_out, values_out);
+  return P;
 }
 
 }  // namespace kv

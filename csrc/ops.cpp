@@ -3,16 +3,33 @@
 // (meta) kernels for torch.compile live in specdec_ext/_fake.py.
 //
 // Shapes: B batch, K drafts per row, V vocabulary.
+//
+// Errors (every op, raised before anything is written, naming the argument):
+// a bad value / shape / device / range or an aliasing problem is a ValueError,
+// a wrong dtype a TypeError (csrc/args/common.h). Tensors an op writes must not
+// overlap themselves (e.g. expanded) or share a byte with any other argument.
+// Problems only the CUDA kernels can see (data-dependent, no host sync) set the
+// optional sticky flag tensors instead.
 #include <Python.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <torch/library.h>
+
+#include "args/common.h"
 
 TORCH_LIBRARY(specdec, m) {
   // Fused chain verification of K drafted tokens per row, straight from logits.
   //   target_logits   [B, K+1, V] float32|float16|bfloat16  (vocab dim stride 1, else copied)
   //   draft_token_ids [B, K] int64|int32
   //   draft_probs     [B, K, V] float32|float16|bfloat16, or None = one-hot (deterministic drafts)
-  //   temperature     float32 [] (CPU: host value; device: read by kernel) or [B]; 0 = greedy
-  //   seed, offset    int64 [] (batch-wide, row index mixed in) or [B] (per row), any device
+  //   temperature     float32 [] or [B]; 0 = greedy. A 0-dim CPU tensor is read on the host
+  //                   (an unusable value raises); otherwise an unusable T makes its row invalid
+  //   seed, offset    int64 [] (batch-wide, row index mixed in) or [B] (per row)
+  //   (temperature, seed and offset live on the data's device, or are CPU tensors: 0-dim ones
+  //   are read on the host, [B] ones copied to the device without a host sync)
+  // A row is invalid (tokens -1, num_accepted 0, valid false) exactly for NaN / +inf logits,
+  // all -inf logits at a used position, an unusable temperature, a draft id outside [0, V) or a
+  // bad draft probability the op reads (core/verify_math.h); finite logits never are.
   // returns tokens [B, K+1] int64 (accepted drafts, correction/bonus, then -1),
   //         num_accepted [B] int64, valid [B] bool
   m.def("verify(Tensor target_logits, Tensor draft_token_ids, Tensor? draft_probs, "
@@ -23,9 +40,23 @@ TORCH_LIBRARY(specdec, m) {
   //   temperature, seed, offset as in verify
   //   probs_out   [B, V] float32 written in place with the normalised probabilities
   //               (may be a strided slice such as draft_probs[:, i]), or None
-  // returns tokens [B] int64 (-1 for a row with NaN / +inf / all -inf logits)
+  // returns tokens [B] int64 (-1 for a row with NaN / +inf / all -inf logits or an unusable
+  // temperature; such a row's probs_out is all 0)
   m.def("sample(Tensor logits, Tensor temperature, Tensor seed, Tensor offset, "
         "Tensor(a!)? probs_out) -> Tensor");
+
+  // ---- DEBUG / TEST ONLY: slow scalar references (csrc/cpu/sampling_cpu.cpp, CPU kernels only) ----
+  // The readable statement of the algorithm (core/verify_math.h: verify_row_reference,
+  // sample_row_reference) run one row at a time, with exactly the argument handling
+  // (prepare_verify / prepare_sample) and the RNG keying (make_row_rng) of verify / sample, so
+  // that tests can compare the fused kernels with it row by row. Orders of magnitude slower than
+  // the fused ops; no CUDA kernel and no fake kernel: not for production or torch.compile.
+  //   verify_reference: arguments and results as verify
+  //   sample_reference: arguments as sample; returns tokens [B] int64 and probs [B, V] float32
+  //                     (what sample writes to probs_out)
+  m.def("verify_reference(Tensor target_logits, Tensor draft_token_ids, Tensor? draft_probs, "
+        "Tensor temperature, Tensor seed, Tensor offset) -> (Tensor, Tensor, Tensor)");
+  m.def("sample_reference(Tensor logits, Tensor temperature, Tensor seed, Tensor offset) -> (Tensor, Tensor)");
 
   // ---- KV cache (csrc/cpu/kv_cache_cpu.cpp, csrc/cuda/kv_cache_cuda.cu) ----
   // Shapes: H kv heads, D head dim, M = max_len, S new tokens per row, T tokens,
@@ -38,7 +69,8 @@ TORCH_LIBRARY(specdec, m) {
   //   lengths                [B] int32|int64, cache's device
   //   overflow               [B] bool or None: sticky flags, set (never cleared) by the CUDA kernel
   //                          for a row with lengths[b] < 0 or lengths[b] + S > M; that row is
-  //                          skipped. CPU: such a batch raises before writing (flags untouched).
+  //                          skipped. CPU: such a batch raises ValueError before writing (flags
+  //                          untouched).
   m.def("kv_append_(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor new_k, Tensor new_v, "
         "Tensor lengths, Tensor(c!)? overflow=None) -> ()");
 
@@ -46,8 +78,9 @@ TORCH_LIBRARY(specdec, m) {
   //   lengths   [B] int32|int64 (mutated)
   //   num_kept  [B] int32|int64 on lengths' device, in [0, num_appended] (e.g. num_accepted + 1)
   //   invalid   [B] bool or None: sticky flags, set by the CUDA kernel for a row whose num_kept is
-  //             outside [0, num_appended] or whose length would go negative; that row's length is
-  //             left unchanged. CPU: such a batch raises before writing (flags untouched).
+  //             outside [0, num_appended], whose current length is negative or whose length would
+  //             go negative; that row's length is left unchanged. CPU: such a batch raises
+  //             ValueError before writing (flags untouched). Overflow-free for any int64 values.
   m.def("kv_rollback_(Tensor(a!) lengths, int num_appended, Tensor num_kept, "
         "Tensor(b!)? invalid=None) -> ()");
 
@@ -57,16 +90,16 @@ TORCH_LIBRARY(specdec, m) {
   //   slot_mapping           [T] int64|int32; valid slots distinct
   //   invalid                [] bool (one element) or None: sticky flag, set by the CUDA kernel
   //                          when a slot is outside [0, NB*BS) and not -1 (that token is skipped).
-  //                          CPU: raises before writing on such a slot or a repeated slot.
+  //                          CPU: raises ValueError before writing on such a slot or a repeated slot.
   m.def("paged_kv_append_(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor new_k, Tensor new_v, "
         "Tensor slot_mapping, Tensor(c!)? invalid=None) -> ()");
 
   // Gather a paged cache into dense tensors for attention (e.g. SDPA).
-  //   key_cache, value_cache [NB, BS, H, D]
+  //   key_cache, value_cache [NB, BS, H, D] (read only: they may be the same tensor, or expanded)
   //   block_tables           [B, max_blocks_per_seq] int32 (int64 accepted)
   //   lengths                [B] int32|int64
   // returns keys, values [B, H, max_len, D] contiguous, cache dtype; zero at positions >= lengths[b].
-  // CPU raises on lengths[b] outside [0, min(max_len, max_blocks_per_seq * BS)] or a used table
+  // CPU raises ValueError on lengths[b] outside [0, min(max_len, max_blocks_per_seq * BS)] or a used table
   // entry outside [0, NB); CUDA clamps the length into that range and zero-fills positions whose
   // table entry is out of range.
   m.def("paged_kv_gather(Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor lengths, "
@@ -77,6 +110,50 @@ TORCH_LIBRARY(specdec, m) {
   //   max_len = keys_out.size(2). Same rules as paged_kv_gather; CPU writes nothing on an error.
   m.def("paged_kv_gather_into_(Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor lengths, "
         "Tensor(a!) keys_out, Tensor(b!) values_out) -> ()");
+}
+
+// ---- The device rule of every op, checked before any kernel is chosen ----
+// Every tensor argument must be on the op's device: the device of its FIRST
+// tensor argument (target_logits, logits, key_cache, lengths). The sampling ops'
+// temperature, seed and offset may also be CPU tensors when the data is on an
+// accelerator (a 0-dim one is read on the host, a [B] one copied without a host
+// sync). Anything else (e.g. a meta tensor among CPU tensors, which the
+// dispatcher would otherwise route to the fake kernel and return garbage) is a
+// ValueError naming the argument. This runs at the BackendSelect key, i.e.
+// after autograd and FakeTensor / torch.compile tracing (whose fake kernels
+// never get here) and before the CPU / CUDA / Meta kernel is picked.
+namespace {
+
+bool may_be_host(const std::string& name) { return name == "temperature" || name == "seed" || name == "offset"; }
+
+void device_guard(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const auto& schema_args = op.schema().arguments();
+  const auto args = torch::jit::last(*stack, schema_args.size());
+  const at::Tensor* ref = nullptr;
+  const char* ref_name = nullptr;
+  for (size_t i = 0; i < schema_args.size(); ++i) {
+    if (!args[i].isTensor()) continue;  // ints, and None for an absent optional tensor
+    const at::Tensor& t = args[i].toTensor();
+    const std::string& name = schema_args[i].name();
+    if (ref == nullptr) {
+      ref = &t;
+      ref_name = name.c_str();
+    } else if (may_be_host(name)) {
+      specdec::args::check_device_or_host(t, *ref, name.c_str(), ref_name);
+    } else {
+      specdec::args::check_device(t, *ref, name.c_str(), ref_name);
+    }
+  }
+  op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect),
+                     stack);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specdec, BackendSelect, m) {
+  for (const char* name : {"verify", "sample", "verify_reference", "sample_reference", "kv_append_",
+                           "kv_rollback_", "paged_kv_append_", "paged_kv_gather", "paged_kv_gather_into_"})
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&device_guard>());
 }
 
 #ifndef SPECDEC_WITH_CUDA

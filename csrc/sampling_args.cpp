@@ -3,72 +3,56 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include "args/common.h"
 #include "core/rng.h"
 #include "core/verify_math.h"
 
 namespace specdec {
 namespace {
 
-DType element_type(const at::Tensor& t, const char* name) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
-    default:
-      TORCH_CHECK(false, name, " must be float32, float16 or bfloat16, got ", t.scalar_type());
+using args::check_device;
+using args::float_dtype;
+using args::unit_stride_last;
+
+// A per-row value (temperature, seed, offset): a 0-dim CPU tensor (read on the
+// host), a 0-dim tensor on the data's device (read by the kernel), or a [B]
+// tensor on the data's device or on the CPU with device data (copied without a
+// host sync; for CUDA-graph capture pass device tensors: a host-to-device copy
+// cannot be captured). `kind` names the scalar form ("a float", "an int").
+template <typename T>
+ScalarOrRow<T> per_row_value(const at::Tensor& t, const at::Tensor& ref, int64_t B, const char* name,
+                             const char* kind, std::vector<at::Tensor>& keep) {
+  TORCH_CHECK_VALUE(t.dim() == 0 || (t.dim() == 1 && t.size(0) == B), name, " must be ", kind,
+                    " or a tensor of shape [B] = [", B, "], got shape ", t.sizes());
+  args::check_device_or_host(t, ref, name, "the logits");
+  ScalarOrRow<T> out;
+  if (t.dim() == 0 && t.device().is_cpu()) {
+    out.value = t.item<T>();
+    return out;
   }
-  return DType::kFloat32;
+  at::Tensor c = t.to(ref.device(), c10::CppTypeToScalarType<T>::value, /*non_blocking=*/true);
+  keep.push_back(c);
+  out.ptr = c.const_data_ptr<T>();
+  out.stride = c.dim() == 0 ? 0 : c.stride(0);
+  return out;
 }
 
-void check_device(const at::Tensor& t, const at::Tensor& ref, const char* name, const char* ref_name) {
-  TORCH_CHECK(t.device() == ref.device(), name, " is on ", t.device(), " but ", ref_name, " is on ",
-              ref.device(), ": all tensors must be on one device");
-}
-
-// The vocabulary dim must have stride 1; other strides are kept as they are.
-at::Tensor unit_stride_last(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
-
-// temperature: a 0-dim tensor (CPU: read on the host; device: read by the
-// kernel) or a [B] tensor on the data's device.
+// temperature: float; a host value must be usable (a per-row one makes its row invalid).
 ScalarOrRow<float> per_row_temperature(const at::Tensor& t, const at::Tensor& ref, int64_t B,
                                        std::vector<at::Tensor>& keep) {
-  TORCH_CHECK(t.is_floating_point(), "temperature must be a float or a floating tensor, got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == 0 || (t.dim() == 1 && t.size(0) == B),
-              "temperature must be a float or a tensor of shape [B] = [", B, "], got shape ", t.sizes());
-  ScalarOrRow<float> out;
-  if (t.dim() == 0 && t.device().is_cpu()) {
-    out.value = t.item<float>();
-    TORCH_CHECK(valid_temperature(out.value),
-                "temperature must be >= 0 (0 = greedy), finite and with a finite inverse, got ", out.value);
-    return out;
-  }
-  check_device(t, ref, "temperature", "the logits");
-  at::Tensor f = t.to(at::kFloat);
-  keep.push_back(f);
-  out.ptr = f.const_data_ptr<float>();
-  out.stride = f.dim() == 0 ? 0 : f.stride(0);
+  TORCH_CHECK_TYPE(t.is_floating_point(), "temperature must be a float or a floating tensor, got ",
+                   t.scalar_type());
+  const ScalarOrRow<float> out = per_row_value<float>(t, ref, B, "temperature", "a float", keep);
+  TORCH_CHECK_VALUE(out.ptr != nullptr || valid_temperature(out.value),
+                    "temperature must be >= 0 (0 = greedy), finite and with a finite inverse, got ", out.value);
   return out;
 }
 
-// seed / offset: int or 0-dim tensor (batch-wide) or [B] tensor, any device.
+// seed / offset: int64 (int32 accepted); int or 0-dim tensor = batch-wide, [B] = per row.
 ScalarOrRow<int64_t> per_row_integer(const at::Tensor& t, const at::Tensor& ref, int64_t B,
                                      const char* name, std::vector<at::Tensor>& keep) {
-  TORCH_CHECK(t.scalar_type() == at::kLong || t.scalar_type() == at::kInt, name,
-              " must be an int or an int64 tensor, got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == 0 || (t.dim() == 1 && t.size(0) == B), name,
-              " must be an int or a tensor of shape [B] = [", B, "], got shape ", t.sizes());
-  ScalarOrRow<int64_t> out;
-  if (t.dim() == 0 && t.device().is_cpu()) {
-    out.value = t.item<int64_t>();
-    return out;
-  }
-  // non_blocking: a [B] CPU tensor is copied without a host sync (for CUDA-graph
-  // capture pass device tensors: a host-to-device copy cannot be captured).
-  at::Tensor l = t.to(ref.device(), at::kLong, /*non_blocking=*/true);
-  keep.push_back(l);
-  out.ptr = l.const_data_ptr<int64_t>();
-  out.stride = l.dim() == 0 ? 0 : l.stride(0);
-  return out;
+  TORCH_CHECK_TYPE(args::is_index_dtype(t), name, " must be an int or an int64 tensor, got ", t.scalar_type());
+  return per_row_value<int64_t>(t, ref, B, name, "an int", keep);
 }
 
 RowRandomness randomness(const at::Tensor& seed, const at::Tensor& offset, const at::Tensor& ref,
@@ -88,18 +72,18 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
                             const at::Tensor& offset) {
   VerifyLaunch L;
   VerifyParams& P = L.params;
-  TORCH_CHECK(target_logits.dim() == 3, "target_logits must be [B, K+1, V], got shape ", target_logits.sizes());
-  L.logits_dtype = element_type(target_logits, "target_logits");
+  TORCH_CHECK_VALUE(target_logits.dim() == 3, "target_logits must be [B, K+1, V], got shape ", target_logits.sizes());
+  L.logits_dtype = float_dtype(target_logits, "target_logits");
   const int64_t B = target_logits.size(0), K = target_logits.size(1) - 1, V = target_logits.size(2);
-  TORCH_CHECK(K >= 0, "target_logits must be [B, K+1, V] with K+1 >= 1, got shape ", target_logits.sizes());
-  TORCH_CHECK(V >= 1, "target_logits must have a vocabulary size V >= 1, got shape ", target_logits.sizes());
-  TORCH_CHECK(K < kMaxPositions, "K must be < 2^24, got ", K);
-  TORCH_CHECK(draft_token_ids.dim() == 2, "draft_token_ids must be [B, K], got shape ", draft_token_ids.sizes());
-  TORCH_CHECK(draft_token_ids.scalar_type() == at::kLong || draft_token_ids.scalar_type() == at::kInt,
-              "draft_token_ids must be int64 or int32, got ", draft_token_ids.scalar_type());
-  TORCH_CHECK(draft_token_ids.size(0) == B, "draft_token_ids has batch size ", draft_token_ids.size(0),
-              " but target_logits has ", B);
-  TORCH_CHECK(draft_token_ids.size(1) == K, "draft_token_ids has K = ", draft_token_ids.size(1),
+  TORCH_CHECK_VALUE(K >= 0, "target_logits must be [B, K+1, V] with K+1 >= 1, got shape ", target_logits.sizes());
+  TORCH_CHECK_VALUE(V >= 1, "target_logits must have a vocabulary size V >= 1, got shape ", target_logits.sizes());
+  TORCH_CHECK_VALUE(K < kMaxPositions, "K must be < 2^24, got ", K);
+  TORCH_CHECK_VALUE(draft_token_ids.dim() == 2, "draft_token_ids must be [B, K], got shape ", draft_token_ids.sizes());
+  TORCH_CHECK_TYPE(args::is_index_dtype(draft_token_ids), "draft_token_ids must be int64 or int32, got ",
+                   draft_token_ids.scalar_type());
+  TORCH_CHECK_VALUE(draft_token_ids.size(0) == B, "draft_token_ids has batch size ", draft_token_ids.size(0),
+                    " but target_logits has ", B);
+  TORCH_CHECK_VALUE(draft_token_ids.size(1) == K, "draft_token_ids has K = ", draft_token_ids.size(1),
               " drafts but target_logits holds K+1 = ", K + 1, " positions");
   check_device(draft_token_ids, target_logits, "draft_token_ids", "target_logits");
 
@@ -115,12 +99,13 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
   P.V = V;
   if (draft_probs.has_value()) {
     const at::Tensor& q = *draft_probs;
-    TORCH_CHECK(q.dim() == 3, "draft_probs must be [B, K, V], got shape ", q.sizes());
-    L.probs_dtype = element_type(q, "draft_probs");
-    TORCH_CHECK(q.size(0) == B, "draft_probs has batch size ", q.size(0), " but target_logits has ", B);
-    TORCH_CHECK(q.size(1) == K, "draft_probs has K = ", q.size(1), " but target_logits holds K+1 = ", K + 1,
-                " positions");
-    TORCH_CHECK(q.size(2) == V, "draft_probs has vocabulary size ", q.size(2), " but target_logits has ", V);
+    TORCH_CHECK_VALUE(q.dim() == 3, "draft_probs must be [B, K, V], got shape ", q.sizes());
+    L.probs_dtype = float_dtype(q, "draft_probs");
+    TORCH_CHECK_VALUE(q.size(0) == B, "draft_probs has batch size ", q.size(0), " but target_logits has ", B);
+    TORCH_CHECK_VALUE(q.size(1) == K, "draft_probs has K = ", q.size(1), " but target_logits holds K+1 = ", K + 1,
+                      " positions");
+    TORCH_CHECK_VALUE(q.size(2) == V, "draft_probs has vocabulary size ", q.size(2), " but target_logits has ",
+                      V);
     check_device(q, target_logits, "draft_probs", "target_logits");
     at::Tensor qc = unit_stride_last(q);
     L.keep_alive.push_back(qc);
@@ -146,10 +131,10 @@ SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperat
                             const std::optional<at::Tensor>& probs_out) {
   SampleLaunch L;
   SampleParams& P = L.params;
-  TORCH_CHECK(logits.dim() == 2, "logits must be [B, V], got shape ", logits.sizes());
-  L.logits_dtype = element_type(logits, "logits");
+  TORCH_CHECK_VALUE(logits.dim() == 2, "logits must be [B, V], got shape ", logits.sizes());
+  L.logits_dtype = float_dtype(logits, "logits");
   const int64_t B = logits.size(0), V = logits.size(1);
-  TORCH_CHECK(V >= 1, "logits must have a vocabulary size V >= 1, got shape ", logits.sizes());
+  TORCH_CHECK_VALUE(V >= 1, "logits must have a vocabulary size V >= 1, got shape ", logits.sizes());
   at::Tensor l = unit_stride_last(logits);
   L.keep_alive = {l};
   P.logits = l.const_data_ptr();
@@ -160,13 +145,16 @@ SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperat
   P.rnd = randomness(seed, offset, logits, B, L.keep_alive);
   if (probs_out.has_value()) {
     const at::Tensor& o = *probs_out;
-    TORCH_CHECK(o.scalar_type() == at::kFloat, "probs_out must be float32, got ", o.scalar_type());
-    TORCH_CHECK(o.dim() == 2 && o.size(0) == B && o.size(1) == V, "probs_out must be [B, V] = [", B, ", ", V,
-                "], got shape ", o.sizes());
+    TORCH_CHECK_TYPE(o.scalar_type() == at::kFloat, "probs_out must be float32, got ", o.scalar_type());
+    TORCH_CHECK_VALUE(o.dim() == 2 && o.size(0) == B && o.size(1) == V, "probs_out must be [B, V] = [", B, ", ",
+                      V, "], got shape ", o.sizes());
     check_device(o, logits, "probs_out", "logits");
-    TORCH_CHECK(V == 1 || o.stride(1) == 1, "probs_out must have stride 1 along V (a slice such as "
-                "draft_probs[:, i] is fine), got strides ", o.strides());
-    TORCH_CHECK(B <= 1 || o.stride(0) != 0, "probs_out rows must not overlap (stride 0 along B)");
+    TORCH_CHECK_VALUE(V == 1 || o.stride(1) == 1, "probs_out must have stride 1 along V (a slice such as "
+                      "draft_probs[:, i] is fine), got strides ", o.strides());
+    TORCH_CHECK_VALUE(B <= 1 || o.stride(0) != 0, "probs_out rows must not overlap (stride 0 along B)");
+    args::check_writes({args::named(o, "probs_out")},
+                       {args::named(logits, "logits"), args::named(temperature, "temperature"),
+                        args::named(seed, "seed"), args::named(offset, "offset")});
     P.probs_out = o.mutable_data_ptr<float>();
     P.probs_stride_b = o.stride(0);
   }

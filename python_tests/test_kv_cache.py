@@ -117,7 +117,7 @@ def test_append_overflow_refused_cpu(dtype, bad):
     lengths = torch.tensor(bad)
     ek, ev, el = kc.clone(), vc.clone(), lengths.clone()
     overflow = torch.zeros(3, dtype=torch.bool)
-    with pytest.raises(RuntimeError, match="nothing was written"):
+    with pytest.raises(ValueError, match="nothing was written"):
         kv_append_(kc, vc, nk, nv, lengths, overflow=overflow)
     assert_same(kc, ek)
     assert_same(vc, ev)
@@ -158,27 +158,27 @@ def test_append_argument_errors(device):
     nk = torch.zeros(B, H, S, D, device=device)
     lengths = torch.zeros(B, dtype=torch.int64, device=device)
     op = torch.ops.specdec.kv_append_
-    with pytest.raises(RuntimeError, match="new_k has dtype"):
+    with pytest.raises(TypeError, match="new_k has dtype"):
         op(kc, vc, nk.half(), nk, lengths)
-    with pytest.raises(RuntimeError, match="value_cache has dtype"):
+    with pytest.raises(TypeError, match="value_cache has dtype"):
         op(kc, vc.half(), nk, nk, lengths)
-    with pytest.raises(RuntimeError, match="new_v must be"):
+    with pytest.raises(ValueError, match="new_v must be"):
         op(kc, vc, nk, nk[:, :1], lengths)
-    with pytest.raises(RuntimeError, match="new_k must be"):
+    with pytest.raises(ValueError, match="new_k must be"):
         op(kc, vc, nk[0], nk, lengths)
-    with pytest.raises(RuntimeError, match="key_cache must be"):
+    with pytest.raises(ValueError, match="key_cache must be"):
         op(kc[0], vc[0], nk, nk, lengths)
-    with pytest.raises(RuntimeError, match="lengths must be int32 or int64"):
+    with pytest.raises(TypeError, match="lengths must be int32 or int64"):
         op(kc, vc, nk, nk, lengths.float())
-    with pytest.raises(RuntimeError, match=r"lengths must have shape \[B\]"):
+    with pytest.raises(ValueError, match=r"lengths must have shape \[B\]"):
         op(kc, vc, nk, nk, lengths[:1])
-    with pytest.raises(RuntimeError, match="overflow must be a bool"):
+    with pytest.raises(TypeError, match="overflow must be a bool"):
         op(kc, vc, nk, nk, lengths, torch.zeros(B, dtype=torch.int64, device=device))
-    with pytest.raises(RuntimeError, match="stride 1 in its last"):
+    with pytest.raises(ValueError, match="stride 1 in its last"):
         op(kc.transpose(2, 3), vc.transpose(2, 3), nk, nk, lengths)
-    with pytest.raises(RuntimeError, match="different tensors"):
+    with pytest.raises(ValueError, match="different tensors"):
         op(kc, kc, nk, nk, lengths)
-    with pytest.raises(RuntimeError, match="must be float32, float16 or bfloat16"):
+    with pytest.raises(TypeError, match="must be float32, float16 or bfloat16"):
         op(kc.double(), vc.double(), nk.double(), nk.double(), lengths)
     assert not kc.any() and not vc.any()
 
@@ -233,7 +233,7 @@ def test_rollback_matches_reference(device, lengths_dtype, kept_dtype):
 def test_rollback_refused_cpu(kept, msg):
     lengths = torch.tensor([10, 5])
     invalid = torch.zeros(2, dtype=torch.bool)
-    with pytest.raises(RuntimeError, match=msg):
+    with pytest.raises(ValueError, match=msg):
         kv_rollback_(lengths, 6, torch.tensor(kept), invalid=invalid)
     assert lengths.tolist() == [10, 5]
     assert not invalid.any()
@@ -253,13 +253,13 @@ def test_rollback_invalid_rows_flagged_cuda():
 def test_rollback_argument_errors(device):
     lengths = torch.tensor([4, 4], device=device)
     op = torch.ops.specdec.kv_rollback_
-    with pytest.raises(RuntimeError, match="num_appended must be >= 0"):
+    with pytest.raises(ValueError, match="num_appended must be >= 0"):
         op(lengths, -1, torch.zeros(2, dtype=torch.int64, device=device))
-    with pytest.raises(RuntimeError, match=r"num_kept must have shape \[B\]"):
+    with pytest.raises(ValueError, match=r"num_kept must have shape \[B\]"):
         op(lengths, 1, torch.zeros(3, dtype=torch.int64, device=device))
-    with pytest.raises(RuntimeError, match="num_kept must be int32 or int64"):
+    with pytest.raises(TypeError, match="num_kept must be int32 or int64"):
         op(lengths, 1, torch.zeros(2, device=device))
-    with pytest.raises(RuntimeError, match="lengths must be int32 or int64"):
+    with pytest.raises(TypeError, match="lengths must be int32 or int64"):
         op(lengths.float(), 1, torch.zeros(2, dtype=torch.int64, device=device))
     assert lengths.cpu().tolist() == [4, 4]
 
@@ -369,7 +369,7 @@ def test_kvcache_arguments_and_reset():
     x = torch.ones(2, 1, 2, 4, dtype=torch.float16)
     with pytest.raises(ValueError, match="layer"):
         cache.append(2, x, x)
-    with pytest.raises(RuntimeError, match="new_k has dtype"):
+    with pytest.raises(TypeError, match="new_k has dtype"):
         cache.append(0, x.float(), x.float())
     cache.append(0, x, x)
     cache.advance(2)
@@ -484,9 +484,9 @@ def test_overlapping_caches_are_refused():
     big = flat
     new = torch.ones(2, 2, 1, 4)
     lengths = torch.zeros(2, dtype=torch.int64)
-    with pytest.raises(RuntimeError, match="key_cache and value_cache overlap in memory"):
+    with pytest.raises(ValueError, match="key_cache and value_cache overlap in memory"):
         specdec_ext.kv_append_(k, v, new, new, lengths)
     assert (big == 0).all()
     expanded = torch.zeros(1, 2, 8, 4).expand(2, 2, 8, 4)
-    with pytest.raises(RuntimeError, match="key_cache has overlapping elements"):
+    with pytest.raises(ValueError, match="key_cache has overlapping elements"):
         specdec_ext.kv_append_(expanded, torch.zeros(2, 2, 8, 4), new, new, lengths)

@@ -92,7 +92,7 @@ def test_paged_append_refused_cpu(bad, msg):
     ek, ev = kc.clone(), vc.clone()
     new = torch.ones(2, 2, 8, dtype=torch.float16)
     invalid = torch.zeros((), dtype=torch.bool)
-    with pytest.raises(RuntimeError, match=msg):
+    with pytest.raises(ValueError, match=msg):
         paged_kv_append_(kc, vc, new, new, torch.tensor(bad), invalid=invalid)
     assert_same(kc, ek)
     assert_same(vc, ev)
@@ -121,17 +121,17 @@ def test_paged_append_argument_errors(device):
     new = torch.zeros(3, 2, 8, device=device)
     slots = torch.tensor([0, 1, 2], device=device)
     op = torch.ops.specdec.paged_kv_append_
-    with pytest.raises(RuntimeError, match="new_k has dtype"):
+    with pytest.raises(TypeError, match="new_k has dtype"):
         op(kc, vc, new.bfloat16(), new, slots)
-    with pytest.raises(RuntimeError, match=r"new_v must be \[T, H, D\]"):
+    with pytest.raises(ValueError, match=r"new_v must be \[T, H, D\]"):
         op(kc, vc, new, new[:, :1], slots)
-    with pytest.raises(RuntimeError, match=r"slot_mapping must have shape \[T\]"):
+    with pytest.raises(ValueError, match=r"slot_mapping must have shape \[T\]"):
         op(kc, vc, new, new, slots[:2])
-    with pytest.raises(RuntimeError, match="slot_mapping must be int32 or int64"):
+    with pytest.raises(TypeError, match="slot_mapping must be int32 or int64"):
         op(kc, vc, new, new, slots.float())
-    with pytest.raises(RuntimeError, match="invalid must have shape"):
+    with pytest.raises(ValueError, match="invalid must have shape"):
         op(kc, vc, new, new, slots, torch.zeros(2, dtype=torch.bool, device=device))
-    with pytest.raises(RuntimeError, match="block_size >= 1"):
+    with pytest.raises(ValueError, match="block_size >= 1"):
         op(kc[:, :0], vc[:, :0], new, new, slots)
     assert not kc.any() and not vc.any()
 
@@ -195,15 +195,15 @@ def test_gather_into_preallocated_buffers(device, dtype):
         before = buf.clone()
         bad = lengths.clone()
         bad[2] = 13
-        with pytest.raises(RuntimeError, match="must be in"):
+        with pytest.raises(ValueError, match="must be in"):
             paged_kv_gather(kc, vc, tables, bad, out=(keys_out, values_out))
         assert_same(buf, before)
     op = torch.ops.specdec.paged_kv_gather_into_
-    with pytest.raises(RuntimeError, match="keys_out has dtype"):
+    with pytest.raises(TypeError, match="keys_out has dtype"):
         op(kc, vc, tables, lengths, keys_out.float() if dtype != torch.float32 else keys_out.half(), values_out)
-    with pytest.raises(RuntimeError, match=r"values_out must be \[B, H, max_len, D\]"):
+    with pytest.raises(ValueError, match=r"values_out must be \[B, H, max_len, D\]"):
         op(kc, vc, tables, lengths, keys_out, values_out[:, :, :5])
-    with pytest.raises(RuntimeError, match="different tensors"):
+    with pytest.raises(ValueError, match="different tensors"):
         op(kc, vc, tables, lengths, keys_out, keys_out)
     kc2, vc2 = kc.nan_to_num(), vc.nan_to_num()
     torch.library.opcheck(op.default, (kc2, vc2, tables, lengths, torch.zeros_like(keys_out),
@@ -233,9 +233,9 @@ def test_gather_refused_cpu(mutate, msg):
     gen = torch.Generator().manual_seed(0)
     kc, vc, tables, lengths = gather_case(torch.float32, "cpu", gen)
     mutate(tables, lengths)
-    with pytest.raises(RuntimeError, match=msg):
+    with pytest.raises(ValueError, match=msg):
         paged_kv_gather(kc, vc, tables, lengths, 12)
-    with pytest.raises(RuntimeError, match="exceeds what block_tables can address"):
+    with pytest.raises(ValueError, match="exceeds what block_tables can address"):
         paged_kv_gather(kc, vc, tables[:, :2], torch.tensor([0, 4, 9, 0, 0]), 12)
 
 
@@ -260,15 +260,15 @@ def test_gather_argument_errors(device):
     gen = torch.Generator().manual_seed(0)
     kc, vc, tables, lengths = gather_case(torch.float32, device, gen)
     op = torch.ops.specdec.paged_kv_gather
-    with pytest.raises(RuntimeError, match="block_tables must be int32"):
+    with pytest.raises(TypeError, match="block_tables must be int32"):
         op(kc, vc, tables.float(), lengths, 12)
-    with pytest.raises(RuntimeError, match=r"block_tables must be \[B, max_blocks_per_seq\]"):
+    with pytest.raises(ValueError, match=r"block_tables must be \[B, max_blocks_per_seq\]"):
         op(kc, vc, tables[0], lengths, 12)
-    with pytest.raises(RuntimeError, match=r"lengths must have shape \[B"):
+    with pytest.raises(ValueError, match=r"lengths must have shape \[B"):
         op(kc, vc, tables, lengths[:2], 12)
-    with pytest.raises(RuntimeError, match="max_len must be >= 0"):
+    with pytest.raises(ValueError, match="max_len must be >= 0"):
         op(kc, vc, tables, lengths, -1)
-    with pytest.raises(RuntimeError, match="value_cache has shape"):
+    with pytest.raises(ValueError, match="value_cache has shape"):
         op(kc, vc[:3], tables, lengths, 12)
 
 

@@ -26,17 +26,29 @@ struct IndexVec {
   }
 };
 
+// a * b for a, b >= 0, saturated at INT64_MAX (sizes of two different tensors
+// may multiply past 2^63, e.g. with an empty head dim).
+SPECDEC_HD int64_t mul_sat(int64_t a, int64_t b) {
+  constexpr int64_t kMax = INT64_MAX;
+  return (a != 0 && b > kMax / a) ? kMax : a * b;
+}
+
 // A row of `lengths[b]` tokens can take `S` more in a cache of `max_len`.
+// Overflow-free for any int64 inputs: max_len - S is only formed when both are
+// in [0, max_len].
 SPECDEC_HD bool kv_append_fits(int64_t length, int64_t S, int64_t max_len) {
-  return length >= 0 && length <= max_len - S;
+  return length >= 0 && S >= 0 && S <= max_len && length <= max_len - S;
 }
 
 // kv_rollback_: the new length of a row, or -1 when the request is invalid
-// (num_kept outside [0, num_appended], or the result would be negative).
+// (a negative current length, num_kept outside [0, num_appended], or a result
+// that would be negative). Overflow-free for any int64 inputs: the dropped count
+// num_appended - num_kept is in [0, num_appended], and the result lies in
+// [0, length], so it fits the type of `lengths` (int32 included).
 SPECDEC_HD int64_t kv_rollback_length(int64_t length, int64_t num_appended, int64_t num_kept) {
-  if (num_kept < 0 || num_kept > num_appended) return -1;
-  const int64_t out = length - (num_appended - num_kept);
-  return out < 0 ? -1 : out;
+  if (length < 0 || num_kept < 0 || num_kept > num_appended) return -1;
+  const int64_t drop = num_appended - num_kept;
+  return drop > length ? -1 : length - drop;
 }
 
 // Slot of a paged cache: 0 <= slot < num_slots is written, -1 is padding
@@ -58,6 +70,15 @@ struct KVAppendParams {
   bool* overflow = nullptr;                 // [B] sticky flags (CUDA), or nullptr
   int64_t overflow_stride = 1;
   int64_t B = 0, H = 0, S = 0, max_len = 0, row_bytes = 0;
+
+  // Row (b, h, position) of cache kv (0 = key, 1 = value); row (b, h, s) of its source.
+  // (`kv ? x[1] : x[0]` rather than x[kv]: no dynamic indexing of a kernel parameter.)
+  SPECDEC_HD char* cache_row(int kv, int64_t b, int64_t h, int64_t pos) const {
+    return (kv ? cache[1] : cache[0]) + b * cache_stride[kv][0] + h * cache_stride[kv][1] + pos * cache_stride[kv][2];
+  }
+  SPECDEC_HD const char* src_row(int kv, int64_t b, int64_t h, int64_t s) const {
+    return (kv ? src[1] : src[0]) + b * src_stride[kv][0] + h * src_stride[kv][1] + s * src_stride[kv][2];
+  }
 };
 
 // specdec::kv_rollback_.
@@ -78,6 +99,15 @@ struct PagedAppendParams {
   IndexVec slots;                   // [T]
   bool* invalid = nullptr;          // [] sticky flag (CUDA), or nullptr
   int64_t T = 0, H = 0, block_size = 0, num_blocks = 0, row_bytes = 0;
+
+  SPECDEC_HD int64_t num_slots() const { return mul_sat(num_blocks, block_size); }
+  // Row (block, offset, h) of cache kv; row (t, h) of its source.
+  SPECDEC_HD char* cache_row(int kv, int64_t blk, int64_t off, int64_t h) const {
+    return (kv ? cache[1] : cache[0]) + blk * cache_stride[kv][0] + off * cache_stride[kv][1] + h * cache_stride[kv][2];
+  }
+  SPECDEC_HD const char* src_row(int kv, int64_t t, int64_t h) const {
+    return (kv ? src[1] : src[0]) + t * src_stride[kv][0] + h * src_stride[kv][1];
+  }
 };
 
 // specdec::paged_kv_gather / paged_kv_gather_into_. Output [B, H, max_len, D].
@@ -92,24 +122,33 @@ struct PagedGatherParams {
   int64_t B = 0, H = 0, max_len = 0, block_size = 0, num_blocks = 0, max_blocks = 0,
           row_bytes = 0;
 
+  // Tokens a row's block table can address.
+  SPECDEC_HD int64_t table_capacity() const { return mul_sat(max_blocks, block_size); }
   // Row b's length clamped to what the output and its block table can hold.
   SPECDEC_HD int64_t clamped_length(int64_t b) const {
     int64_t n = lengths.get(b);
-    const int64_t cap = max_blocks * block_size;
+    const int64_t cap = table_capacity();
     if (n < 0) n = 0;
     if (n > max_len) n = max_len;
     if (n > cap) n = cap;
     return n;
   }
+  // Table entry i of row b as stored.
+  SPECDEC_HD int64_t raw_table_entry(int64_t b, int64_t i) const {
+    const int64_t at = b * table_stride_b + i * block_tables.stride;
+    return block_tables.is64 ? static_cast<const int64_t*>(block_tables.ptr)[at]
+                             : static_cast<int64_t>(static_cast<const int32_t*>(block_tables.ptr)[at]);
+  }
   // Block id of table entry i of row b, or -1 when the entry is out of range.
   SPECDEC_HD int64_t table_entry(int64_t b, int64_t i) const {
-    const int64_t at = b * table_stride_b + i * block_tables.stride;
-    const int64_t blk = block_tables.is64 ? static_cast<const int64_t*>(block_tables.ptr)[at]
-                                          : static_cast<int64_t>(static_cast<const int32_t*>(block_tables.ptr)[at]);
+    const int64_t blk = raw_table_entry(b, i);
     return (blk >= 0 && blk < num_blocks) ? blk : -1;
   }
   // Block id holding position p of row b, or -1 when the table entry is out of range.
   SPECDEC_HD int64_t block_of(int64_t b, int64_t p) const { return table_entry(b, p / block_size); }
+  SPECDEC_HD const char* cache_row(int kv, int64_t blk, int64_t off, int64_t h) const {
+    return (kv ? cache[1] : cache[0]) + blk * cache_stride[kv][0] + off * cache_stride[kv][1] + h * cache_stride[kv][2];
+  }
   SPECDEC_HD char* out_row(int kv, int64_t b, int64_t h, int64_t p) const {
     return (kv ? out[1] : out[0]) + b * out_stride[kv][0] + h * out_stride[kv][1] + p * out_stride[kv][2];
   }

@@ -1,10 +1,9 @@
-// Portability macros for the framework-free core: every function here compiles
+// Portability macro for the framework-free core: every function here compiles
 // as plain C++ on the host and as __host__ __device__ code under nvcc.
 #pragma once
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define SPECDEC_HD __host__ __device__ __forceinline__
-#define SPECDEC_DEVICE_COMPILE 1
 #else
 #define SPECDEC_HD inline
 #endif

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "macros.h"
+#include "rng.h"
 
 namespace specdec {
 
@@ -25,6 +26,13 @@ struct RowRandomness {
   ScalarOrRow<int64_t> offset;
   bool per_row_seed = false;  // seed is a [B] tensor: do not mix in the row index
 };
+
+// The Philox stream of row b (core/rng.h keying): the one place where a row's
+// seed and offset become its RowRng, for every kernel and the reference.
+SPECDEC_HD RowRng make_row_rng(const RowRandomness& r, int64_t b) {
+  return RowRng(row_key(static_cast<uint64_t>(r.seed.get(b)), b, r.per_row_seed),
+                static_cast<uint64_t>(r.offset.get(b)));
+}
 
 // specdec::verify. Element strides of the vocabulary dim are 1.
 struct VerifyParams {

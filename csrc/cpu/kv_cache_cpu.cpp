@@ -1,6 +1,7 @@
-// CPU kernels of the KV-cache ops: every row is validated first (an invalid
-// request raises and writes nothing), then rows of D elements are copied with
-// memcpy under at::parallel_for.
+// CPU kernels of the KV-cache ops: the index tensors are read ONCE into a host
+// snapshot, every row is validated on it (an invalid request raises ValueError
+// and writes nothing), then rows of D elements are copied with memcpy under
+// at::parallel_for using only the snapshot.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -22,13 +23,14 @@ void kv_append_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const at::Ten
                    const at::Tensor& new_v, const at::Tensor& lengths,
                    const std::optional<at::Tensor>& overflow) {
   kv::KVAppendLaunch L = kv::prepare_kv_append(key_cache, value_cache, new_k, new_v, lengths, overflow);
-  const KVAppendParams& P = L.p;
+  KVAppendParams& P = L.p;
+  const args::HostIndices len(P.lengths, P.B);
   for (int64_t b = 0; b < P.B; ++b) {
-    const int64_t n = P.lengths.get(b);
-    TORCH_CHECK(n >= 0, "kv_append_: lengths[", b, "] = ", n, " is negative; nothing was written");
-    TORCH_CHECK(kv_append_fits(n, P.S, P.max_len), "kv_append_: row ", b, " holds ", n,
-                " tokens; appending S = ", P.S, " would exceed max_len = ", P.max_len,
-                " (cache overflow refused; nothing was written)");
+    const int64_t n = len[b];
+    TORCH_CHECK_VALUE(n >= 0, "kv_append_: lengths[", b, "] = ", n, " is negative; nothing was written");
+    TORCH_CHECK_VALUE(kv_append_fits(n, P.S, P.max_len), "kv_append_: row ", b, " holds ", n,
+                      " tokens; appending S = ", P.S, " would exceed max_len = ", P.max_len,
+                      " (cache overflow refused; nothing was written)");
   }
   if (P.S == 0 || P.row_bytes == 0) return;
   const int64_t rows = P.B * P.H * P.S;
@@ -36,11 +38,7 @@ void kv_append_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const at::Ten
     for (int64_t r = begin; r < end; ++r) {
       const int64_t s = r % P.S, h = (r / P.S) % P.H, b = r / (P.S * P.H);
       const int64_t pos = P.lengths.get(b) + s;
-      for (int i = 0; i < 2; ++i) {
-        std::memcpy(P.cache[i] + b * P.cache_stride[i][0] + h * P.cache_stride[i][1] + pos * P.cache_stride[i][2],
-                    P.src[i] + b * P.src_stride[i][0] + h * P.src_stride[i][1] + s * P.src_stride[i][2],
-                    P.row_bytes);
-      }
+      for (int kv = 0; kv < 2; ++kv) std::memcpy(P.cache_row(kv, b, h, pos), P.src_row(kv, b, h, s), P.row_bytes);
     }
   });
 }
@@ -51,12 +49,13 @@ void kv_rollback_cpu(at::Tensor& lengths, int64_t num_appended, const at::Tensor
   std::vector<int64_t> out(P.B);
   for (int64_t b = 0; b < P.B; ++b) {
     const int64_t n = P.lengths.get(b), k = P.num_kept.get(b);
-    TORCH_CHECK(k >= 0 && k <= num_appended, "kv_rollback_: num_kept[", b, "] = ", k,
-                " must be in [0, num_appended = ", num_appended,
-                "] (rolling forward is not allowed); nothing was written");
+    TORCH_CHECK_VALUE(k >= 0 && k <= num_appended, "kv_rollback_: num_kept[", b, "] = ", k,
+                      " must be in [0, num_appended = ", num_appended,
+                      "] (rolling forward is not allowed); nothing was written");
+    TORCH_CHECK_VALUE(n >= 0, "kv_rollback_: lengths[", b, "] = ", n, " is negative; nothing was written");
     out[b] = kv_rollback_length(n, num_appended, k);
-    TORCH_CHECK(out[b] >= 0, "kv_rollback_: row ", b, " holds ", n, " tokens; dropping ", num_appended - k,
-                " would make its length negative; nothing was written");
+    TORCH_CHECK_VALUE(out[b] >= 0, "kv_rollback_: row ", b, " holds ", n, " tokens; dropping ", num_appended - k,
+                      " would make its length negative; nothing was written");
   }
   for (int64_t b = 0; b < P.B; ++b) P.lengths.set(b, out[b]);
 }
@@ -65,49 +64,54 @@ void paged_kv_append_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const a
                          const at::Tensor& new_v, const at::Tensor& slot_mapping,
                          const std::optional<at::Tensor>& invalid) {
   kv::PagedAppendLaunch L = kv::prepare_paged_append(key_cache, value_cache, new_k, new_v, slot_mapping, invalid);
-  const PagedAppendParams& P = L.p;
-  const int64_t num_slots = P.num_blocks * P.block_size;
+  PagedAppendParams& P = L.p;
+  const args::HostIndices slots(P.slots, P.T);
+  const int64_t num_slots = P.num_slots();
   std::vector<int64_t> used;
   used.reserve(P.T);
   for (int64_t t = 0; t < P.T; ++t) {
-    const int64_t slot = P.slots.get(t);
+    const int64_t slot = slots[t];
     const SlotKind kind = classify_slot(slot, num_slots);
-    TORCH_CHECK(kind != SlotKind::kInvalid, "paged_kv_append_: slot_mapping[", t, "] = ", slot,
-                " is out of range [0, num_blocks * block_size = ", num_slots,
-                ") and is not -1 (padding); nothing was written");
+    TORCH_CHECK_VALUE(kind != SlotKind::kInvalid, "paged_kv_append_: slot_mapping[", t, "] = ", slot,
+                      " is out of range [0, num_blocks * block_size = ", num_slots,
+                      ") and is not -1 (padding); nothing was written");
     if (kind == SlotKind::kWrite) used.push_back(slot);
   }
   std::sort(used.begin(), used.end());
   const auto dup = std::adjacent_find(used.begin(), used.end());
-  TORCH_CHECK(dup == used.end(), "paged_kv_append_: slot ", (dup == used.end() ? 0 : *dup),
-              " appears more than once in slot_mapping; nothing was written");
+  TORCH_CHECK_VALUE(dup == used.end(), "paged_kv_append_: slot ", (dup == used.end() ? 0 : *dup),
+                    " appears more than once in slot_mapping; nothing was written");
   if (P.row_bytes == 0 || used.empty()) return;
   at::parallel_for(0, P.T * P.H, grain(P.row_bytes), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t t = r / P.H, h = r % P.H;
-      const int64_t slot = P.slots.get(t);
+      const int64_t slot = slots[t];
       if (slot < 0) continue;
       const int64_t blk = slot / P.block_size, off = slot % P.block_size;
-      for (int i = 0; i < 2; ++i) {
-        std::memcpy(P.cache[i] + blk * P.cache_stride[i][0] + off * P.cache_stride[i][1] + h * P.cache_stride[i][2],
-                    P.src[i] + t * P.src_stride[i][0] + h * P.src_stride[i][1], P.row_bytes);
-      }
+      for (int kv = 0; kv < 2; ++kv) std::memcpy(P.cache_row(kv, blk, off, h), P.src_row(kv, t, h), P.row_bytes);
     }
   });
 }
 
-// Validates every row (raising before anything is written), then copies / zero-fills.
-void gather_cpu(PagedGatherParams& P) {
+// Snapshots lengths and block_tables, validates every row on the snapshot
+// (raising before anything is written), then copies / zero-fills.
+void gather_cpu(PagedGatherParams P) {
+  const args::HostIndices len(P.lengths, P.B);
+  const args::HostIndices table(P.block_tables, P.B * P.max_blocks, [&](int64_t k) {
+    return P.raw_table_entry(k / P.max_blocks, k % P.max_blocks);
+  });
+  P.table_stride_b = P.max_blocks;
+  const int64_t capacity = P.table_capacity();
   for (int64_t b = 0; b < P.B; ++b) {
-    const int64_t n = P.lengths.get(b);
-    TORCH_CHECK(n >= 0 && n <= P.max_len, "paged_kv_gather: lengths[", b, "] = ", n, " must be in [0, max_len = ",
-                P.max_len, "]");
-    TORCH_CHECK(n <= P.max_blocks * P.block_size, "paged_kv_gather: lengths[", b, "] = ", n,
-                " exceeds what block_tables can address (max_blocks_per_seq * block_size = ",
-                P.max_blocks * P.block_size, ")");
+    const int64_t n = len[b];
+    TORCH_CHECK_VALUE(n >= 0 && n <= P.max_len, "paged_kv_gather: lengths[", b, "] = ", n,
+                      " must be in [0, max_len = ", P.max_len, "]");
+    TORCH_CHECK_VALUE(n <= capacity, "paged_kv_gather: lengths[", b, "] = ", n,
+                      " exceeds what block_tables can address (max_blocks_per_seq * block_size = ", capacity, ")");
     for (int64_t p = 0; p < n; p += P.block_size) {
-      TORCH_CHECK(P.block_of(b, p) >= 0, "paged_kv_gather: block_tables[", b, ", ", p / P.block_size,
-                  "] is out of range [0, num_blocks = ", P.num_blocks, ") but row ", b, " uses it (length ", n, ")");
+      TORCH_CHECK_VALUE(P.block_of(b, p) >= 0, "paged_kv_gather: block_tables[", b, ", ", p / P.block_size,
+                        "] is out of range [0, num_blocks = ", P.num_blocks, ") but row ", b, " uses it (length ",
+                        n, ")");
     }
   }
   if (P.B * P.H * P.max_len == 0 || P.row_bytes == 0) return;
@@ -115,38 +119,25 @@ void gather_cpu(PagedGatherParams& P) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t p = r % P.max_len, h = (r / P.max_len) % P.H, b = r / (P.max_len * P.H);
       const int64_t blk = p < P.clamped_length(b) ? P.block_of(b, p) : -1;
-      for (int i = 0; i < 2; ++i) {
-        char* dst = P.out_row(i, b, h, p);
-        if (blk < 0) {
-          std::memset(dst, 0, P.row_bytes);
-        } else {
-          std::memcpy(dst, P.cache[i] + blk * P.cache_stride[i][0] + (p % P.block_size) * P.cache_stride[i][1] +
-                               h * P.cache_stride[i][2], P.row_bytes);
-        }
+      for (int kv = 0; kv < 2; ++kv) {
+        char* dst = P.out_row(kv, b, h, p);
+        if (blk < 0) std::memset(dst, 0, P.row_bytes);
+        else std::memcpy(dst, P.cache_row(kv, blk, p % P.block_size, h), P.row_bytes);
       }
     }
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                                       const at::Tensor& block_tables, const at::Tensor& lengths,
-                                                       int64_t max_len) {
-  PagedGatherParams P = kv::prepare_paged_gather(key_cache, value_cache, block_tables, lengths, max_len);
-  const int64_t D = key_cache.size(3);
-  at::Tensor keys = at::empty({P.B, P.H, max_len, D}, key_cache.options());
-  at::Tensor values = at::empty({P.B, P.H, max_len, D}, value_cache.options());
-  kv::set_gather_outputs(P, key_cache, keys, values);
-  gather_cpu(P);
-  return {keys, values};
-}
-
 void paged_kv_gather_into_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache,
                               const at::Tensor& block_tables, const at::Tensor& lengths, at::Tensor& keys_out,
                               at::Tensor& values_out) {
-  TORCH_CHECK(keys_out.dim() == 4, "keys_out must be [B, H, max_len, D], got shape ", keys_out.sizes());
-  PagedGatherParams P = kv::prepare_paged_gather(key_cache, value_cache, block_tables, lengths, keys_out.size(2));
-  kv::set_gather_outputs(P, key_cache, keys_out, values_out);
-  gather_cpu(P);
+  gather_cpu(kv::prepare_paged_gather_into(key_cache, value_cache, block_tables, lengths, keys_out, values_out));
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                                       const at::Tensor& block_tables, const at::Tensor& lengths,
+                                                       int64_t max_len) {
+  return kv::gather_by_allocating(key_cache, value_cache, block_tables, lengths, max_len, &paged_kv_gather_into_cpu);
 }
 
 }  // namespace

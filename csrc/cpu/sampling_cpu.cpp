@@ -1,10 +1,17 @@
 // CPU launchers of specdec::verify and specdec::sample: argument handling is
-// shared (sampling_args.cpp); here we pick the instruction set and run.
+// shared (sampling_args.cpp); here we pick the instruction set and run. Also the
+// debug ops verify_reference / sample_reference (the scalar references of
+// core/verify_math.h, one row at a time).
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
+#include "../core/dtype_dispatch.h"
+#include "../core/verify_math.h"
 #include "../sampling_args.h"
 #include "sampling_kernels_entry.h"
 
@@ -46,11 +53,71 @@ at::Tensor sample_cpu(const at::Tensor& logits, const at::Tensor& temperature, c
   return L.tokens;
 }
 
+// n elements of a row as float.
+template <typename T>
+void row_as_float(const T* src, int64_t n, float* dst) {
+  for (int64_t k = 0; k < n; ++k) dst[k] = static_cast<float>(src[k]);
+}
+
+template <typename TL, typename TQ>
+void verify_reference_rows(const VerifyParams& P) {
+  const int64_t K = P.K, V = P.V;
+  at::parallel_for(0, P.B, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> logits((K + 1) * V), probs(P.draft_probs ? K * V : 0);
+    for (int64_t b = b0; b < b1; ++b) {
+      for (int64_t i = 0; i <= K; ++i)
+        row_as_float(static_cast<const TL*>(P.logits) + b * P.logits_stride_b + i * P.logits_stride_k, V,
+                     logits.data() + i * V);
+      for (int64_t i = 0; P.draft_probs && i < K; ++i)
+        row_as_float(static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b + i * P.probs_stride_k, V,
+                     probs.data() + i * V);
+      const ReferenceRowResult r = verify_row_reference(
+          logits.data(), P.draft_probs ? probs.data() : nullptr, P.draft_ids + b * K, K, V, P.temperature.get(b),
+          make_row_rng(P.rnd, b), P.tokens + b * (K + 1));
+      P.num_accepted[b] = r.valid ? r.num_accepted : 0;
+      P.valid[b] = r.valid;
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_reference_cpu(
+    const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+    const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
+    const at::Tensor& seed, const at::Tensor& offset) {
+  VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset);
+  dispatch_dtypes<cpu::CpuTypes>(L.logits_dtype, L.probs_dtype, [&](auto tl, auto tq) {
+    verify_reference_rows<typename decltype(tl)::type, typename decltype(tq)::type>(L.params);
+  });
+  return {L.tokens, L.num_accepted, L.valid};
+}
+
+std::tuple<at::Tensor, at::Tensor> sample_reference_cpu(const at::Tensor& logits, const at::Tensor& temperature,
+                                                        const at::Tensor& seed, const at::Tensor& offset) {
+  SampleLaunch L = prepare_sample(logits, temperature, seed, offset, std::nullopt);
+  const SampleParams& P = L.params;
+  at::Tensor probs = at::empty({P.B, P.V}, logits.options().dtype(at::kFloat));
+  float* out = probs.mutable_data_ptr<float>();
+  dispatch_dtype<cpu::CpuTypes>(L.logits_dtype, [&](auto tl) {
+    using TL = typename decltype(tl)::type;
+    at::parallel_for(0, P.B, 1, [&](int64_t b0, int64_t b1) {
+      std::vector<float> row(P.V);
+      for (int64_t b = b0; b < b1; ++b) {
+        row_as_float(static_cast<const TL*>(P.logits) + b * P.logits_stride_b, P.V, row.data());
+        P.tokens[b] = sample_row_reference(row.data(), P.V, P.temperature.get(b), make_row_rng(P.rnd, b),
+                                           out + b * P.V);
+      }
+    });
+  });
+  return {L.tokens, probs};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("verify", &verify_cpu);
   m.impl("sample", &sample_cpu);
+  m.impl("verify_reference", &verify_reference_cpu);
+  m.impl("sample_reference", &sample_reference_cpu);
 }
 
 }  // namespace specdec

@@ -22,29 +22,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
+#include "../core/dtype_dispatch.h"
 #include "../core/rng.h"
 #include "../core/sampling_params.h"
 #include "../core/verify_math.h"
-
-// DType -> C++ element type for the CPU kernels.
-#ifndef SPECDEC_CPU_DISPATCH
-#define SPECDEC_CPU_DISPATCH(dtype, NAME, ...)            \
-  switch (dtype) {                                        \
-    case ::specdec::DType::kFloat32: {                    \
-      using NAME = float;                                 \
-      __VA_ARGS__;                                        \
-    } break;                                              \
-    case ::specdec::DType::kFloat16: {                    \
-      using NAME = c10::Half;                             \
-      __VA_ARGS__;                                        \
-    } break;                                              \
-    case ::specdec::DType::kBFloat16: {                   \
-      using NAME = c10::BFloat16;                         \
-      __VA_ARGS__;                                        \
-    } break;                                              \
-  }
-#endif
+#include "sampling_kernels_entry.h"
 
 namespace specdec {
 namespace cpu {
@@ -105,22 +89,40 @@ inline void row_max(const T* row, int64_t V, bool want_argmax, float& max_out, i
   argmax_out = arg;
 }
 
-// sum_v exp(l_v * inv_t - my) over a row.
+// e = exp((l - m) * inv_t) for a vector of logits: the formula of verify_math.h
+// (shifted_exp), never fused into an FMA, so e == 1 exactly at l == m. kUnitT:
+// inv_t == 1, where the multiply is skipped ((l - m) * 1 is exact: same result,
+// one vector op less per element, the cost of the exact formula over an FMA).
+template <bool kUnitT>
+inline Vec shifted_exp_vec(const Vec& x, const Vec& vm, const Vec& va) {
+  if constexpr (kUnitT) return (x - vm).exp_u20();
+  else return ((x - vm) * va).exp_u20();
+}
+
+// fn(std::true_type{}) when inv_t == 1, else fn(std::false_type{}): picks shifted_exp_vec's variant.
+template <typename Fn>
+inline decltype(auto) with_unit_t(float inv_t, Fn&& fn) {
+  return inv_t == 1.0f ? fn(std::true_type{}) : fn(std::false_type{});
+}
+
+// sum_v exp((l_v - m) * inv_t) over a row; m is the row's max logit.
 template <typename T>
-inline float row_sum_exp(const T* row, int64_t V, float inv_t, float my) {
-  alignas(64) float buf[kTile];
-  const Vec va(inv_t), vmy(my);
-  Vec acc(0.0f);
-  float tail = 0.0f;
-  for (int64_t v0 = 0; v0 < V; v0 += kTile) {
-    const int64_t n = std::min(kTile, V - v0);
-    const float* x = tile_as_float(row, v0, n, buf);
-    int64_t k = 0;
-    for (; k + Vec::size() <= n; k += Vec::size())
-      acc = acc + at::vec::fmadd(Vec::loadu(x + k), va, -vmy).exp_u20();
-    for (; k < n; ++k) tail += std::exp(x[k] * inv_t - my);
-  }
-  return hsum(acc) + tail;
+inline float row_sum_exp(const T* row, int64_t V, float inv_t, float m) {
+  return with_unit_t(inv_t, [&](auto unit_t) {
+    alignas(64) float buf[kTile];
+    const Vec va(inv_t), vm(m);
+    Vec acc(0.0f);
+    float tail = 0.0f;
+    for (int64_t v0 = 0; v0 < V; v0 += kTile) {
+      const int64_t n = std::min(kTile, V - v0);
+      const float* x = tile_as_float(row, v0, n, buf);
+      int64_t k = 0;
+      for (; k + Vec::size() <= n; k += Vec::size())
+        acc = acc + shifted_exp_vec<decltype(unit_t)::value>(Vec::loadu(x + k), vm, va);
+      for (; k < n; ++k) tail += shifted_exp(x[k], m, inv_t);
+    }
+    return hsum(acc) + tail;
+  });
 }
 
 // Exponentials E_v for v in [v0, v0 + n), v0 a multiple of 4, n <= kTile.
@@ -149,39 +151,42 @@ inline float vec_sum(const float* a, int64_t n) {
 }
 
 // Race weights of tokens [v0, v0 + n), n <= kRaceTile: p[] = target probability,
-// w[] = residual max(0, p - q) (q_mode 0: no q, w = p; 1: one-hot at `draft`;
-// 2: dense q row). Returns false if a dense q entry is a bad probability.
+// w[] = residual max(0, p - q) (QMode kNone: w = p; kOneHot: q one-hot at
+// `draft`; kDense: the q row). Returns false if a dense q entry is a bad probability.
 template <typename T, typename TQ>
-inline bool tile_weights(const T* row, const TQ* q_row, int q_mode, int64_t draft, int64_t v0, int64_t n,
+inline bool tile_weights(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t v0, int64_t n,
                          float inv_t, SoftmaxStats st, float* w, float* p) {
   alignas(64) float xbuf[kRaceTile];
   alignas(64) float qbuf[kRaceTile];
   const float* x = tile_as_float(row, v0, n, xbuf);
-  const float* q = q_mode == 2 ? tile_as_float(q_row, v0, n, qbuf) : nullptr;
+  const float* q = q_mode == QMode::kDense ? tile_as_float(q_row, v0, n, qbuf) : nullptr;
   const float inv_s = 1.0f / st.sum;
-  const Vec va(inv_t), vmy(st.max), vis(inv_s), zero(0.0f);
+  const Vec va(inv_t), vm(st.max), vis(inv_s), zero(0.0f);
   Vec qmin(0.0f), qmax(0.0f);
-  int64_t k = 0;
-  for (; k + Vec::size() <= n; k += Vec::size()) {
-    const Vec pv = at::vec::fmadd(Vec::loadu(x + k), va, -vmy).exp_u20() * vis;
-    pv.store(p + k);
-    if (q) {
-      const Vec vq = Vec::loadu(q + k);
-      qmin = at::vec::minimum(qmin, vq);
-      qmax = at::vec::maximum(qmax, vq);
-      at::vec::maximum(pv - vq, zero).store(w + k);
-    } else {
-      pv.store(w + k);
+  int64_t k = with_unit_t(inv_t, [&](auto unit_t) {
+    int64_t k = 0;
+    for (; k + Vec::size() <= n; k += Vec::size()) {
+      const Vec pv = shifted_exp_vec<decltype(unit_t)::value>(Vec::loadu(x + k), vm, va) * vis;
+      pv.store(p + k);
+      if (q) {
+        const Vec vq = Vec::loadu(q + k);
+        qmin = at::vec::minimum(qmin, vq);
+        qmax = at::vec::maximum(qmax, vq);
+        at::vec::maximum(pv - vq, zero).store(w + k);
+      } else {
+        pv.store(w + k);
+      }
     }
-  }
+    return k;
+  });
   for (; k < n; ++k) {
-    const float e = std::exp(x[k] * inv_t - st.max);
+    const float e = shifted_exp(x[k], st.max, inv_t);
     p[k] = e * inv_s;
     if (q && bad_prob(q[k])) return false;
     w[k] = q ? residual_weight(e, inv_s, q[k]) : p[k];
   }
   if (q && (bad_prob(hmin(qmin)) || bad_prob(hmax(qmax)))) return false;
-  if (q_mode == 1 && draft >= v0 && draft < v0 + n) w[draft - v0] = 0.0f;  // max(0, p - 1) = 0
+  if (q_mode == QMode::kOneHot && draft >= v0 && draft < v0 + n) w[draft - v0] = 0.0f;  // max(0, p - 1) = 0
   return true;
 }
 
@@ -190,7 +195,7 @@ inline bool tile_weights(const T* row, const TQ* q_row, int q_mode, int64_t draf
 // residual is all zero. If probs_out is given, p is written there. Returns
 // false if a dense q row holds a bad probability.
 template <typename T, typename TQ>
-inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, int q_mode, const TQ* q_row,
+inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, QMode q_mode, const TQ* q_row,
                      int64_t draft, const RowRng& rng, uint32_t tile_stream, uint32_t token_stream,
                      uint32_t position, float* probs_out, int64_t& token) {
   alignas(64) float w[kRaceTile];
@@ -237,8 +242,7 @@ void verify_rows(const VerifyParams& P) {
 
       const bool greedy = temperature == 0.0f;
       const float inv_t = greedy ? 1.0f : 1.0f / temperature;
-      const RowRng rng(row_key(static_cast<uint64_t>(P.rnd.seed.get(b)), b, P.rnd.per_row_seed),
-                       static_cast<uint64_t>(P.rnd.offset.get(b)));
+      const RowRng rng = make_row_rng(P.rnd, b);
       const TL* logits = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
       const TQ* probs = P.draft_probs ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b
                                       : nullptr;
@@ -254,23 +258,23 @@ void verify_rows(const VerifyParams& P) {
           ok = !(m != m || m == std::numeric_limits<float>::infinity());
           continue;
         }
-        if (!usable_max(m) || !usable_max(m * inv_t)) { ok = false; break; }
+        if (!usable_max(m)) { ok = false; break; }
         if (greedy) {
           if (i == K || draft[i] != arg) { j = i; token = arg; }
           continue;
         }
-        const SoftmaxStats st{m * inv_t, row_sum_exp(row, V, inv_t, m * inv_t)};
+        const SoftmaxStats st{m, row_sum_exp(row, V, inv_t, m)};
         bool accepted = false;
         if (i < K) {
           const int64_t x = draft[i];
           const float q_x = probs ? static_cast<float>(probs[i * P.probs_stride_k + x]) : 1.0f;
           if (bad_prob(q_x)) { ok = false; break; }
-          const float e_x = std::exp(static_cast<float>(row[x]) * inv_t - st.max);
+          const float e_x = shifted_exp(static_cast<float>(row[x]), st.max, inv_t);
           accepted = ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, st.sum, e_x);
         }
         if (accepted) continue;
         j = i;
-        const int q_mode = i == K ? 0 : (probs ? 2 : 1);
+        const QMode q_mode = q_mode_at(i, K, probs != nullptr);
         const TQ* q_row = probs ? probs + i * P.probs_stride_k : nullptr;
         const int64_t x = i < K ? draft[i] : -1;
         ok = race_row(row, V, inv_t, st, q_mode, q_row, x, rng, kStreamVerifyTile, kStreamVerifyRace,
@@ -298,8 +302,7 @@ void sample_rows(const SampleParams& P) {
       int64_t arg;
       const bool greedy = temperature == 0.0f;
       row_max(row, V, greedy, m, arg);
-      if (!valid_temperature(temperature) || !usable_max(m) ||
-          (!greedy && !usable_max(m * (1.0f / temperature)))) {  // invalid row: token -1, probs 0
+      if (!valid_temperature(temperature) || !usable_max(m)) {  // invalid row: token -1, probs 0
         if (probs) std::fill(probs, probs + V, 0.0f);
         continue;
       }
@@ -312,10 +315,9 @@ void sample_rows(const SampleParams& P) {
         continue;
       }
       const float inv_t = 1.0f / temperature;
-      const RowRng rng(row_key(static_cast<uint64_t>(P.rnd.seed.get(b)), b, P.rnd.per_row_seed),
-                       static_cast<uint64_t>(P.rnd.offset.get(b)));
-      const SoftmaxStats st{m * inv_t, row_sum_exp(row, V, inv_t, m * inv_t)};
-      race_row<TL, float>(row, V, inv_t, st, 0, nullptr, -1, rng, kStreamSampleTile, kStreamSampleRace, 0,
+      const RowRng rng = make_row_rng(P.rnd, b);
+      const SoftmaxStats st{m, row_sum_exp(row, V, inv_t, m)};
+      race_row<TL, float>(row, V, inv_t, st, QMode::kNone, nullptr, -1, rng, kStreamSampleTile, kStreamSampleRace, 0,
                           probs, P.tokens[b]);
     }
   });
@@ -323,13 +325,13 @@ void sample_rows(const SampleParams& P) {
 
 // Entry points with the dtypes resolved here (one copy per instruction set).
 inline void verify(const VerifyParams& P, DType logits_dtype, DType probs_dtype) {
-  SPECDEC_CPU_DISPATCH(logits_dtype, TL, {
-    SPECDEC_CPU_DISPATCH(probs_dtype, TQ, { verify_rows<TL, TQ>(P); });
+  dispatch_dtypes<CpuTypes>(logits_dtype, probs_dtype, [&](auto tl, auto tq) {
+    verify_rows<typename decltype(tl)::type, typename decltype(tq)::type>(P);
   });
 }
 
 inline void sample(const SampleParams& P, DType logits_dtype) {
-  SPECDEC_CPU_DISPATCH(logits_dtype, TL, { sample_rows<TL>(P); });
+  dispatch_dtype<CpuTypes>(logits_dtype, [&](auto tl) { sample_rows<typename decltype(tl)::type>(P); });
 }
 
 }  // namespace CPU_CAPABILITY

@@ -15,6 +15,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "../core/dtype_dispatch.h"
 #include "../core/rng.h"
 #include "../core/sampling_params.h"
 #include "../core/verify_math.h"

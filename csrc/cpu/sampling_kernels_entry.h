@@ -1,8 +1,18 @@
-// Entry points of the two compiled copies of the CPU sampling kernels.
+// Entry points of the two compiled copies of the CPU sampling kernels, and the
+// CPU element types of the dtype dispatch (core/dtype_dispatch.h).
 #pragma once
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include "../core/sampling_params.h"
 
 namespace specdec::cpu {
+struct CpuTypes {
+  using f32 = float;
+  using f16 = c10::Half;
+  using bf16 = c10::BFloat16;
+};
+
 void verify_default(const VerifyParams& P, DType logits_dtype, DType probs_dtype);
 void sample_default(const SampleParams& P, DType logits_dtype);
 void verify_avx2(const VerifyParams& P, DType logits_dtype, DType probs_dtype);

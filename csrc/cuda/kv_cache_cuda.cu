@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 
 #include "../kv_args.h"
 
@@ -27,11 +26,16 @@ int64_t num_blocks_for(int64_t total) {
   return std::max<int64_t>(1, std::min<int64_t>((total + kThreads - 1) / kThreads, kMaxBlocks));
 }
 
-// Widest power of two <= 16 dividing every value (addresses and byte strides).
-int vector_bytes(std::initializer_list<int64_t> values) {
-  uint64_t acc = 16;
-  for (int64_t v : values) acc |= static_cast<uint64_t>(v);
-  return static_cast<int>(acc & (~acc + 1));
+// OR of the addresses and byte strides of a (key, value) pair of tensors: a
+// vector width must divide all of them.
+template <typename Ptr, size_t N>
+uint64_t pair_alignment(Ptr const (&ptr)[2], const int64_t (&stride)[2][N]) {
+  uint64_t acc = 0;
+  for (int i = 0; i < 2; ++i) {
+    acc |= static_cast<uint64_t>(reinterpret_cast<uintptr_t>(ptr[i]));
+    for (size_t d = 0; d < N; ++d) acc |= static_cast<uint64_t>(stride[i][d]);
+  }
+  return acc;
 }
 
 template <typename Fn>
@@ -54,6 +58,40 @@ void with_index_type(int64_t total, Fn&& fn) {
   else fn(int64_t{});
 }
 
+// One launch of a copy kernel for the whole batch: `rows` rows of row_bytes in
+// each of key and value, moved as vectors of the widest width (16 / 8 / 4 / 2 /
+// 1 bytes) dividing `alignment` and row_bytes, plus `flag_threads` threads that
+// only set sticky flags. Calls launch(V{}, I{}, grid, stream, nvec, copies, total)
+// with V the vector type and I the index type of the flat index space.
+template <typename Launch>
+void launch_copies(uint64_t alignment, int64_t row_bytes, int64_t rows, int64_t flag_threads, c10::Device device,
+                   Launch&& launch) {
+  const uint64_t bits = alignment | static_cast<uint64_t>(row_bytes) | 16;
+  const int vb = static_cast<int>(bits & (~bits + 1));
+  const int64_t nvec = row_bytes / vb;
+  const int64_t copies = 2 * rows * nvec;
+  const int64_t total = std::max<int64_t>(copies, flag_threads);
+  if (total == 0) return;
+  c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  with_vector_type(vb, [&](auto vtag) {
+    with_index_type(total, [&](auto itag) {
+      using I = decltype(itag);
+      launch(vtag, itag, num_blocks_for(total), stream, static_cast<I>(nvec), static_cast<I>(copies),
+             static_cast<I>(total));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+}
+
+// The next digit of a flat index: r % n, and r becomes r / n.
+template <typename I>
+__device__ __forceinline__ I next_digit(I& r, I n) {
+  const I d = r % n;
+  r /= n;
+  return d;
+}
+
 template <typename I>
 __device__ __forceinline__ I grid_start() {
   return static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
@@ -74,21 +112,13 @@ __global__ void kv_append_kernel(const KVAppendParams P, I nvec, I copies, I tot
       P.overflow[static_cast<int64_t>(i) * P.overflow_stride] = true;
     }
     if (i >= copies) continue;
-    const I v = i % nvec;
-    I r = i / nvec;
-    const I s = r % S;
-    r /= S;
-    const I h = r % H;
-    r /= H;
-    const I b = r % B;
-    const int kv = static_cast<int>(r / B);
+    I r = i;
+    const I v = next_digit(r, nvec), s = next_digit(r, S), h = next_digit(r, H), b = next_digit(r, B);
+    const int kv = static_cast<int>(r);
     const int64_t n = P.lengths.get(b);
     if (!kv_append_fits(n, P.S, P.max_len)) continue;
-    const char* src = (kv ? P.src[1] : P.src[0]) + static_cast<int64_t>(b) * P.src_stride[kv][0] +
-                      static_cast<int64_t>(h) * P.src_stride[kv][1] + static_cast<int64_t>(s) * P.src_stride[kv][2];
-    char* dst = (kv ? P.cache[1] : P.cache[0]) + static_cast<int64_t>(b) * P.cache_stride[kv][0] +
-                static_cast<int64_t>(h) * P.cache_stride[kv][1] + (n + static_cast<int64_t>(s)) * P.cache_stride[kv][2];
-    reinterpret_cast<V*>(dst)[v] = reinterpret_cast<const V*>(src)[v];
+    reinterpret_cast<V*>(P.cache_row(kv, b, h, n + static_cast<int64_t>(s)))[v] =
+        reinterpret_cast<const V*>(P.src_row(kv, b, h, s))[v];
   }
 }
 
@@ -97,28 +127,12 @@ void kv_append_cuda(at::Tensor& key_cache, at::Tensor& value_cache, const at::Te
                     const std::optional<at::Tensor>& overflow) {
   kv::KVAppendLaunch L = kv::prepare_kv_append(key_cache, value_cache, new_k, new_v, lengths, overflow);
   const KVAppendParams& P = L.p;
-  if (P.B == 0) return;
-  const int vb = vector_bytes({reinterpret_cast<int64_t>(P.cache[0]), reinterpret_cast<int64_t>(P.cache[1]),
-                               reinterpret_cast<int64_t>(P.src[0]), reinterpret_cast<int64_t>(P.src[1]),
-                               P.cache_stride[0][0], P.cache_stride[0][1], P.cache_stride[0][2],
-                               P.cache_stride[1][0], P.cache_stride[1][1], P.cache_stride[1][2],
-                               P.src_stride[0][0], P.src_stride[0][1], P.src_stride[0][2],
-                               P.src_stride[1][0], P.src_stride[1][1], P.src_stride[1][2], P.row_bytes});
-  const int64_t nvec = P.row_bytes / vb;
-  const int64_t copies = 2 * P.B * P.H * P.S * nvec;
-  const int64_t total = std::max<int64_t>(copies, P.overflow ? P.B : 0);
-  if (total == 0) return;
-  c10::cuda::CUDAGuard guard(key_cache.device());
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  with_vector_type(vb, [&](auto vtag) {
-    with_index_type(total, [&](auto itag) {
-      using V = decltype(vtag);
-      using I = decltype(itag);
-      kv_append_kernel<V, I><<<num_blocks_for(total), kThreads, 0, stream>>>(
-          P, static_cast<I>(nvec), static_cast<I>(copies), static_cast<I>(total));
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  });
+  launch_copies(pair_alignment(P.cache, P.cache_stride) | pair_alignment(P.src, P.src_stride), P.row_bytes,
+                P.B * P.H * P.S, P.overflow ? P.B : 0, key_cache.device(),
+                [&](auto vtag, auto itag, int64_t grid, cudaStream_t stream, auto nvec, auto copies, auto total) {
+                  kv_append_kernel<decltype(vtag), decltype(itag)><<<grid, kThreads, 0, stream>>>(P, nvec, copies,
+                                                                                                  total);
+                });
 }
 
 // ---- kv_rollback_ ------------------------------------------------------------
@@ -147,7 +161,7 @@ void kv_rollback_cuda(at::Tensor& lengths, int64_t num_appended, const at::Tenso
 // Flat index i = ((kv * T + t) * H + h) * nvec + v. Threads i < T flag invalid slots.
 template <typename V, typename I>
 __global__ void paged_append_kernel(const PagedAppendParams P, I nvec, I copies, I total) {
-  const int64_t num_slots = P.num_blocks * P.block_size;
+  const int64_t num_slots = P.num_slots();
   const bool small_slots = num_slots < (int64_t{1} << 32);
   const I H = static_cast<I>(P.H), T = static_cast<I>(P.T);
   for (I i = grid_start<I>(); i < total; i += grid_step<I>()) {
@@ -155,12 +169,9 @@ __global__ void paged_append_kernel(const PagedAppendParams P, I nvec, I copies,
       *P.invalid = true;
     }
     if (i >= copies) continue;
-    const I v = i % nvec;
-    I r = i / nvec;
-    const I h = r % H;
-    r /= H;
-    const I t = r % T;
-    const int kv = static_cast<int>(r / T);
+    I r = i;
+    const I v = next_digit(r, nvec), h = next_digit(r, H), t = next_digit(r, T);
+    const int kv = static_cast<int>(r);
     const int64_t slot = P.slots.get(t);
     if (classify_slot(slot, num_slots) != SlotKind::kWrite) continue;
     int64_t blk, off;
@@ -172,11 +183,7 @@ __global__ void paged_append_kernel(const PagedAppendParams P, I nvec, I copies,
       blk = slot / P.block_size;
       off = slot % P.block_size;
     }
-    const char* src = (kv ? P.src[1] : P.src[0]) + static_cast<int64_t>(t) * P.src_stride[kv][0] +
-                      static_cast<int64_t>(h) * P.src_stride[kv][1];
-    char* dst = (kv ? P.cache[1] : P.cache[0]) + blk * P.cache_stride[kv][0] + off * P.cache_stride[kv][1] +
-                static_cast<int64_t>(h) * P.cache_stride[kv][2];
-    reinterpret_cast<V*>(dst)[v] = reinterpret_cast<const V*>(src)[v];
+    reinterpret_cast<V*>(P.cache_row(kv, blk, off, h))[v] = reinterpret_cast<const V*>(P.src_row(kv, t, h))[v];
   }
 }
 
@@ -185,105 +192,54 @@ void paged_kv_append_cuda(at::Tensor& key_cache, at::Tensor& value_cache, const 
                           const std::optional<at::Tensor>& invalid) {
   kv::PagedAppendLaunch L = kv::prepare_paged_append(key_cache, value_cache, new_k, new_v, slot_mapping, invalid);
   const PagedAppendParams& P = L.p;
-  if (P.T == 0) return;
-  const int vb = vector_bytes({reinterpret_cast<int64_t>(P.cache[0]), reinterpret_cast<int64_t>(P.cache[1]),
-                               reinterpret_cast<int64_t>(P.src[0]), reinterpret_cast<int64_t>(P.src[1]),
-                               P.cache_stride[0][0], P.cache_stride[0][1], P.cache_stride[0][2],
-                               P.cache_stride[1][0], P.cache_stride[1][1], P.cache_stride[1][2],
-                               P.src_stride[0][0], P.src_stride[0][1], P.src_stride[1][0], P.src_stride[1][1],
-                               P.row_bytes});
-  const int64_t nvec = P.row_bytes / vb;
-  const int64_t copies = 2 * P.T * P.H * nvec;
-  const int64_t total = std::max<int64_t>(copies, P.invalid ? P.T : 0);
-  if (total == 0) return;
-  c10::cuda::CUDAGuard guard(key_cache.device());
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  with_vector_type(vb, [&](auto vtag) {
-    with_index_type(total, [&](auto itag) {
-      using V = decltype(vtag);
-      using I = decltype(itag);
-      paged_append_kernel<V, I><<<num_blocks_for(total), kThreads, 0, stream>>>(
-          P, static_cast<I>(nvec), static_cast<I>(copies), static_cast<I>(total));
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  });
+  launch_copies(pair_alignment(P.cache, P.cache_stride) | pair_alignment(P.src, P.src_stride), P.row_bytes,
+                P.T * P.H, P.invalid ? P.T : 0, key_cache.device(),
+                [&](auto vtag, auto itag, int64_t grid, cudaStream_t stream, auto nvec, auto copies, auto total) {
+                  paged_append_kernel<decltype(vtag), decltype(itag)><<<grid, kThreads, 0, stream>>>(
+                      P, nvec, copies, total);
+                });
 }
 
 // ---- paged_kv_gather / paged_kv_gather_into_ ------------------------------------
 // Flat index i = (kv * rows + r) * nvec + v with r = (b * H + h) * max_len + p.
 template <typename V, typename I>
 __global__ void paged_gather_kernel(const PagedGatherParams P, I nvec, I total) {
-  const I H = static_cast<I>(P.H), L = static_cast<I>(P.max_len);
-  const I rows = static_cast<I>(P.B) * H * L;
+  const I H = static_cast<I>(P.H), L = static_cast<I>(P.max_len), B = static_cast<I>(P.B);
   // max_len < 2^31 here whenever I is 32-bit, and block_size <= max_len is all that matters for
   // positions p < max_len: a bigger block_size gives bi = 0 either way.
   const I BS = static_cast<I>(P.block_size < P.max_len ? P.block_size : (P.max_len > 0 ? P.max_len : 1));
   for (I i = grid_start<I>(); i < total; i += grid_step<I>()) {
-    const I v = i % nvec;
-    const I q = i / nvec;
-    const I r = q % rows;
-    const int kv = static_cast<int>(q / rows);
-    const I p = r % L;
-    const I bh = r / L;
-    const I h = bh % H;
-    const I b = bh / H;
+    I r = i;
+    const I v = next_digit(r, nvec), p = next_digit(r, L), h = next_digit(r, H), b = next_digit(r, B);
+    const int kv = static_cast<int>(r);
     const I bi = p / BS, off = p - bi * BS;  // table entry, offset in the block
     const int64_t blk = static_cast<int64_t>(p) < P.clamped_length(b) ? P.table_entry(b, bi) : -1;
     V* dst = reinterpret_cast<V*>(P.out_row(kv, b, h, p)) + v;
-    if (blk < 0) {
-      *dst = V{};
-    } else {
-      const char* src = (kv ? P.cache[1] : P.cache[0]) + blk * P.cache_stride[kv][0] +
-                        static_cast<int64_t>(off) * P.cache_stride[kv][1] +
-                        static_cast<int64_t>(h) * P.cache_stride[kv][2];
-      *dst = reinterpret_cast<const V*>(src)[v];
-    }
+    *dst = blk < 0 ? V{} : reinterpret_cast<const V*>(P.cache_row(kv, blk, off, h))[v];
   }
 }
 
-void launch_gather(const PagedGatherParams& P) {
-  if (P.B * P.H * P.max_len == 0 || P.row_bytes == 0) return;
-  const int vb = vector_bytes({reinterpret_cast<int64_t>(P.cache[0]), reinterpret_cast<int64_t>(P.cache[1]),
-                               reinterpret_cast<int64_t>(P.out[0]), reinterpret_cast<int64_t>(P.out[1]),
-                               P.cache_stride[0][0], P.cache_stride[0][1], P.cache_stride[0][2],
-                               P.cache_stride[1][0], P.cache_stride[1][1], P.cache_stride[1][2],
-                               P.out_stride[0][0], P.out_stride[0][1], P.out_stride[0][2],
-                               P.out_stride[1][0], P.out_stride[1][1], P.out_stride[1][2], P.row_bytes});
-  const int64_t nvec = P.row_bytes / vb;
-  const int64_t total = 2 * P.B * P.H * P.max_len * nvec;
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  with_vector_type(vb, [&](auto vtag) {
-    with_index_type(total, [&](auto itag) {
-      using V = decltype(vtag);
-      using I = decltype(itag);
-      paged_gather_kernel<V, I><<<num_blocks_for(total), kThreads, 0, stream>>>(
-          P, static_cast<I>(nvec), static_cast<I>(total));
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cuda(const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                                        const at::Tensor& block_tables, const at::Tensor& lengths,
-                                                        int64_t max_len) {
-  PagedGatherParams P = kv::prepare_paged_gather(key_cache, value_cache, block_tables, lengths, max_len);
-  c10::cuda::CUDAGuard guard(key_cache.device());
-  const int64_t D = key_cache.size(3);
-  at::Tensor keys = at::empty({P.B, P.H, max_len, D}, key_cache.options());
-  at::Tensor values = at::empty({P.B, P.H, max_len, D}, value_cache.options());
-  kv::set_gather_outputs(P, key_cache, keys, values);
-  launch_gather(P);
-  return {keys, values};
+void launch_gather(const PagedGatherParams& P, c10::Device device) {
+  launch_copies(pair_alignment(P.cache, P.cache_stride) | pair_alignment(P.out, P.out_stride), P.row_bytes,
+                P.B * P.H * P.max_len, 0, device,
+                [&](auto vtag, auto itag, int64_t grid, cudaStream_t stream, auto nvec, auto, auto total) {
+                  paged_gather_kernel<decltype(vtag), decltype(itag)><<<grid, kThreads, 0, stream>>>(P, nvec,
+                                                                                                     total);
+                });
 }
 
 void paged_kv_gather_into_cuda(const at::Tensor& key_cache, const at::Tensor& value_cache,
                                const at::Tensor& block_tables, const at::Tensor& lengths, at::Tensor& keys_out,
                                at::Tensor& values_out) {
-  TORCH_CHECK(keys_out.dim() == 4, "keys_out must be [B, H, max_len, D], got shape ", keys_out.sizes());
-  PagedGatherParams P = kv::prepare_paged_gather(key_cache, value_cache, block_tables, lengths, keys_out.size(2));
-  kv::set_gather_outputs(P, key_cache, keys_out, values_out);
-  c10::cuda::CUDAGuard guard(key_cache.device());
-  launch_gather(P);
+  launch_gather(kv::prepare_paged_gather_into(key_cache, value_cache, block_tables, lengths, keys_out, values_out),
+                key_cache.device());
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cuda(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                                        const at::Tensor& block_tables, const at::Tensor& lengths,
+                                                        int64_t max_len) {
+  return kv::gather_by_allocating(key_cache, value_cache, block_tables, lengths, max_len,
+                                  &paged_kv_gather_into_cuda);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <utility>
 
+#include "../core/dtype_dispatch.h"
 #include "../sampling_args.h"
 #include "sampling_kernels.cuh"
 
@@ -67,28 +68,29 @@ at::Tensor make_workspace(const at::Tensor& like, int64_t n_stats, int64_t n_rac
   return ws;
 }
 
+// One cooperative launch of `kernel` over B rows of `positions` positions of V
+// tokens: chunking, workspace (kept alive until the launch is queued: the
+// caching allocator orders its reuse on the stream), grid.
 template <typename Params, typename Kernel>
-void launch_cooperative(Kernel kernel, int64_t grid, Params& P, Workspace& W, cudaStream_t stream) {
+void launch_cooperative(Kernel kernel, int64_t B, int64_t positions, int64_t V, const at::Tensor& like, Params& P,
+                        int device, cudaStream_t stream) {
+  const int64_t max_grid = max_coresident_blocks(reinterpret_cast<const void*>(kernel), device);
+  Workspace W{};
+  const int64_t rows = B * positions;
+  choose_chunks(rows, V, max_grid, W);
+  at::Tensor ws = make_workspace(like, rows * W.stat_blocks, B * W.chunks, B, W);
+  const int64_t grid = std::min<int64_t>(max_grid, rows * W.chunks);
   void* args[] = {static_cast<void*>(&P), static_cast<void*>(&W)};
   C10_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), dim3(static_cast<unsigned>(grid)),
                                              dim3(kThreads), args, 0, stream));
 }
 
-#define SPECDEC_CUDA_DISPATCH(dtype, NAME, ...)               \
-  switch (dtype) {                                            \
-    case ::specdec::DType::kFloat32: {                        \
-      using NAME = float;                                     \
-      __VA_ARGS__;                                            \
-    } break;                                                  \
-    case ::specdec::DType::kFloat16: {                        \
-      using NAME = __half;                                    \
-      __VA_ARGS__;                                            \
-    } break;                                                  \
-    case ::specdec::DType::kBFloat16: {                       \
-      using NAME = __nv_bfloat16;                             \
-      __VA_ARGS__;                                            \
-    } break;                                                  \
-  }
+// The CUDA element types of the dtype dispatch (core/dtype_dispatch.h).
+struct CudaTypes {
+  using f32 = float;
+  using f16 = __half;
+  using bf16 = __nv_bfloat16;
+};
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
@@ -100,17 +102,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
   if (P.B == 0) return {L.tokens, L.num_accepted, L.valid};
   const int device = target_logits.get_device();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  SPECDEC_CUDA_DISPATCH(L.logits_dtype, TL, {
-    SPECDEC_CUDA_DISPATCH(L.probs_dtype, TQ, {
-      auto kernel = verify_kernel<TL, TQ>;
-      const int64_t max_grid = max_coresident_blocks(reinterpret_cast<const void*>(kernel), device);
-      Workspace W{};
-      const int64_t rows = P.B * (P.K + 1);
-      choose_chunks(rows, P.V, max_grid, W);
-      at::Tensor ws = make_workspace(target_logits, rows * W.stat_blocks, P.B * W.chunks, P.B, W);
-      const int64_t grid = std::min<int64_t>(max_grid, rows * W.chunks);
-      launch_cooperative(kernel, grid, P, W, stream);
-    });
+  dispatch_dtypes<CudaTypes>(L.logits_dtype, L.probs_dtype, [&](auto tl, auto tq) {
+    auto kernel = verify_kernel<typename decltype(tl)::type, typename decltype(tq)::type>;
+    launch_cooperative(kernel, P.B, P.K + 1, P.V, target_logits, P, device, stream);
   });
   return {L.tokens, L.num_accepted, L.valid};
 }
@@ -123,14 +117,8 @@ at::Tensor sample_cuda(const at::Tensor& logits, const at::Tensor& temperature, 
   if (P.B == 0) return L.tokens;
   const int device = logits.get_device();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  SPECDEC_CUDA_DISPATCH(L.logits_dtype, TL, {
-    auto kernel = sample_kernel<TL>;
-    const int64_t max_grid = max_coresident_blocks(reinterpret_cast<const void*>(kernel), device);
-    Workspace W{};
-    choose_chunks(P.B, P.V, max_grid, W);
-    at::Tensor ws = make_workspace(logits, P.B * W.stat_blocks, P.B * W.chunks, P.B, W);
-    const int64_t grid = std::min<int64_t>(max_grid, P.B * W.chunks);
-    launch_cooperative(kernel, grid, P, W, stream);
+  dispatch_dtype<CudaTypes>(L.logits_dtype, [&](auto tl) {
+    launch_cooperative(sample_kernel<typename decltype(tl)::type>, P.B, 1, P.V, logits, P, device, stream);
   });
   return L.tokens;
 }

@@ -52,51 +52,45 @@ static_assert(kStatBlock % kRaceTile == 0, "stat blocks hold whole race tiles");
 
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// Softmax statistics of a set of tokens (over y = l * inv_t) plus the first argmax.
+// Softmax statistics of a set of tokens (verify_math.h: max of the RAW logits,
+// sum of exp((l - max) * inv_t)) plus the first argmax.
 struct ChunkStats {
-  float max;      // max y over tokens with finite y (-inf if none)
-  float sum;      // sum exp(y - max)
-  float arg_val;  // y at the argmax; +inf if some finite logit overflowed y
-  int bad;        // a NaN or +inf logit was seen
-  int64_t arg;    // first index of the max
+  float max;    // max logit over the finite and -inf logits (-inf if none)
+  float sum;    // sum of shifted_exp(l, max, inv_t)
+  int bad;      // a NaN or +inf logit was seen
+  int64_t arg;  // first index of the max
 
   __device__ __forceinline__ ChunkStats shfl(int m) const {
-    return ChunkStats{shfl_xor(max, m), shfl_xor(sum, m), shfl_xor(arg_val, m), shfl_xor(bad, m),
-                      shfl_xor(arg, m)};
+    return ChunkStats{shfl_xor(max, m), shfl_xor(sum, m), shfl_xor(bad, m), shfl_xor(arg, m)};
   }
-  __device__ static ChunkStats empty() { return ChunkStats{-kInf, 0.0f, -kInf, 0, INT64_MAX}; }
+  __device__ static ChunkStats empty() { return ChunkStats{-kInf, 0.0f, 0, INT64_MAX}; }
 };
 
-__device__ __forceinline__ ChunkStats merge_stats(const ChunkStats& a, const ChunkStats& b) {
-  const SoftmaxStats s = stats_merge(SoftmaxStats{a.max, a.sum}, SoftmaxStats{b.max, b.sum});
-  const bool take_b = b.arg_val > a.arg_val || (b.arg_val == a.arg_val && b.arg < a.arg);
-  return ChunkStats{s.max, s.sum, take_b ? b.arg_val : a.arg_val, a.bad | b.bad, take_b ? b.arg : a.arg};
+__device__ __forceinline__ ChunkStats merge_stats(const ChunkStats& a, const ChunkStats& b, float inv_t) {
+  const SoftmaxStats s = stats_merge(SoftmaxStats{a.max, a.sum}, SoftmaxStats{b.max, b.sum}, inv_t);
+  const bool take_b = b.max > a.max || (b.max == a.max && b.arg < a.arg);
+  return ChunkStats{s.max, s.sum, a.bad | b.bad, take_b ? b.arg : a.arg};
 }
 
 struct StatsMerge {
-  __device__ ChunkStats operator()(const ChunkStats& a, const ChunkStats& b) const { return merge_stats(a, b); }
+  float inv_t;
+  __device__ ChunkStats operator()(const ChunkStats& a, const ChunkStats& b) const { return merge_stats(a, b, inv_t); }
 };
 
-// One thread folds logit x at index v (online softmax). Validity is judged on
-// the raw logit (NaN / +inf = bad, as on the CPU); a finite logit whose y
-// overflows makes the position unusable (arg_val = +inf).
+// One thread folds logit x at index v (online softmax over the raw logits, as
+// on the CPU: NaN / +inf = bad; -inf = masked, no mass).
 __device__ __forceinline__ void fold_value(ChunkStats& st, float x, int64_t v, float inv_t, bool want_sum) {
   if (x != x || x == kInf) {
     st.bad = 1;
     return;
   }
-  const float y = x * inv_t;
-  if (y == -kInf) return;  // masked token (or underflow): no mass
-  if (y > st.arg_val || (y == st.arg_val && v < st.arg)) {
-    st.arg_val = y;
+  if (x == -kInf) return;
+  if (x > st.max) {  // lanes visit increasing v: a tie keeps the earlier index
+    if (want_sum) st.sum = st.sum * shifted_exp(st.max, x, inv_t) + 1.0f;
+    st.max = x;
     st.arg = v;
-  }
-  if (!want_sum || y == kInf) return;
-  if (y > st.max) {
-    st.sum = st.sum * expf(st.max - y) + 1.0f;
-    st.max = y;
-  } else {
-    st.sum += expf(y - st.max);
+  } else if (want_sum) {
+    st.sum += shifted_exp(x, st.max, inv_t);
   }
 }
 
@@ -117,18 +111,18 @@ __device__ void chunk_stat_blocks(const T* row, int64_t V, int64_t c, int64_t ch
     } else {
       st.bad = 1;
     }
-    st = warp_reduce(st, StatsMerge{});
+    st = warp_reduce(st, StatsMerge{inv_t});
     if (lane == 0) out[blk] = st;
   }
 }
 
 // Merge the stat blocks [0, nblk) of one row-position (warp-wide, fixed order:
 // lane l takes l, l + 32, ... left to right, then the butterfly).
-__device__ __forceinline__ ChunkStats merge_stat_blocks(const ChunkStats* blocks, int64_t nblk) {
+__device__ __forceinline__ ChunkStats merge_stat_blocks(const ChunkStats* blocks, int64_t nblk, float inv_t) {
   const int lane = threadIdx.x & 31;
   ChunkStats st = ChunkStats::empty();
-  for (int64_t k = lane; k < nblk; k += 32) st = merge_stats(st, blocks[k]);
-  return warp_reduce(st, StatsMerge{});
+  for (int64_t k = lane; k < nblk; k += 32) st = merge_stats(st, blocks[k], inv_t);
+  return warp_reduce(st, StatsMerge{inv_t});
 }
 
 struct RacePair {
@@ -157,8 +151,8 @@ struct RaceMerge {
 struct RowDecision {
   int64_t j;         // first stop position (K if all accepted)
   int64_t token;     // greedy rows: the token at j
-  float max_y, sum;  // softmax stats of position j (for the fine race)
-  int status;        // 0 invalid, 1 sampled (race winner pending), 2 greedy (token known)
+  float max_l, sum;  // softmax stats of position j (for the fine race)
+  RowStatus status;
 };
 
 struct Workspace {
@@ -170,32 +164,27 @@ struct Workspace {
   int64_t stat_blocks; // NB
 };
 
-__device__ __forceinline__ RowRng make_rng(const RowRandomness& r, int64_t b) {
-  return RowRng(row_key(static_cast<uint64_t>(r.seed.get(b)), b, r.per_row_seed),
-                static_cast<uint64_t>(r.offset.get(b)));
-}
-
 // ----------------------------------------------------------------------------
 // Race weights and the two-level race
 // ----------------------------------------------------------------------------
 
 // Weights of the 4 tokens v0..v0+3 (v0 a multiple of 4; entries >= V weigh 0):
-// p = target probability, w = residual max(0, p - q). q_mode: 0 none (bonus /
-// sample: w = p), 1 one-hot at `draft`, 2 dense q row.
+// p = target probability, w = residual max(0, p - q) (QMode kNone: w = p;
+// kOneHot: q one-hot at `draft`; kDense: the q row).
 template <typename T, typename TQ>
-__device__ __forceinline__ void token_weights(const T* row, const TQ* q_row, int q_mode, int64_t draft,
-                                              int64_t v0, int64_t V, float inv_t, float max_y, float inv_s,
+__device__ __forceinline__ void token_weights(const T* row, const TQ* q_row, QMode q_mode, int64_t draft,
+                                              int64_t v0, int64_t V, float inv_t, float max_l, float inv_s,
                                               float w[4], float p[4], int& bad) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int64_t v = v0 + k;
     p[k] = w[k] = 0.0f;
     if (v >= V) continue;
-    const float e = expf(fmaf(to_float(row[v]), inv_t, -max_y));
+    const float e = shifted_exp(to_float(row[v]), max_l, inv_t);
     p[k] = e * inv_s;
-    if (q_mode == 0) {
+    if (q_mode == QMode::kNone) {
       w[k] = p[k];
-    } else if (q_mode == 1) {
+    } else if (q_mode == QMode::kOneHot) {
       w[k] = v == draft ? 0.0f : p[k];  // max(0, p - 1) = 0 at the draft
     } else {
       const float q = to_float(q_row[v]);
@@ -215,8 +204,8 @@ __device__ __forceinline__ float warp_sum(float x) {
 // kRaceTile = 128 tokens, 4 per lane. Keys W_t / E_t (residual) and P_t / E_t
 // (target). Optionally writes p to probs_out.
 template <typename T, typename TQ>
-__device__ RacePair chunk_coarse_race(const T* row, const TQ* q_row, int q_mode, int64_t draft, int64_t V,
-                                      int64_t c, int64_t chunk_len, float inv_t, float max_y, float inv_s,
+__device__ RacePair chunk_coarse_race(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t V,
+                                      int64_t c, int64_t chunk_len, float inv_t, float max_l, float inv_s,
                                       const RowRng& rng, uint32_t tile_stream, uint32_t position,
                                       float* probs_out, RacePair* scratch) {
   static_assert(kRaceTile == 128, "one warp x 4 tokens per tile");
@@ -227,7 +216,7 @@ __device__ RacePair chunk_coarse_race(const T* row, const TQ* q_row, int q_mode,
   for (int64_t t = t_begin + warp; t < t_end; t += warps) {
     const int64_t v0 = t * kRaceTile + 4 * lane;
     float w[4], p[4];
-    token_weights(row, q_row, q_mode, draft, v0, V, inv_t, max_y, inv_s, w, p, best.bad);
+    token_weights(row, q_row, q_mode, draft, v0, V, inv_t, max_l, inv_s, w, p, best.bad);
     if (probs_out)
       for (int k = 0; k < 4; ++k)
         if (v0 + k < V) probs_out[v0 + k] = p[k];
@@ -256,14 +245,14 @@ struct RaceBestMerge {
 // tokens of positive weight; -1 if none (cannot happen for a tile the coarse
 // race picked). Same value in every lane.
 template <typename T, typename TQ>
-__device__ int64_t warp_fine_race(const T* row, const TQ* q_row, int q_mode, int64_t draft, int64_t V, int64_t tile,
-                                  bool use_p, float inv_t, float max_y, float inv_s, const RowRng& rng,
+__device__ int64_t warp_fine_race(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t V, int64_t tile,
+                                  bool use_p, float inv_t, float max_l, float inv_s, const RowRng& rng,
                                   uint32_t token_stream, uint32_t position) {
   const int lane = threadIdx.x & 31;
   const int64_t v0 = tile * kRaceTile + 4 * lane;
   float w[4], p[4];
   int bad = 0;
-  token_weights(row, q_row, q_mode, draft, v0, V, inv_t, max_y, inv_s, w, p, bad);
+  token_weights(row, q_row, q_mode, draft, v0, V, inv_t, max_l, inv_s, w, p, bad);
   const Philox4 r = rng.block(token_stream, position, static_cast<uint32_t>(v0 >> 2));
   RaceBestShfl best{0.0f, -1};
 #pragma unroll
@@ -290,7 +279,7 @@ struct RowShared {
   int first_stop;    // min position whose test stops the chain (K: all accepted)
   int bad;           // row invalid regardless of j (NaN / +inf logit, draft id out of range)
   int stop_invalid;  // the stop at first_stop is an invalid one (unusable stats, bad q(x))
-  float max_y, sum;  // merged stats of position first_stop
+  float max_l, sum;  // merged stats of position first_stop
   int64_t arg;       // its argmax
 };
 
@@ -313,7 +302,7 @@ __device__ PositionTest test_position(const VerifyParams& P, int64_t b, int64_t 
       return r;
     }
   }
-  if (!usable_max(st.arg_val)) {
+  if (!usable_max(st.max)) {
     r.stop = r.invalid_stop = true;
     return r;
   }
@@ -330,7 +319,7 @@ __device__ PositionTest test_position(const VerifyParams& P, int64_t b, int64_t 
     return r;
   }
   const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b + i * P.logits_stride_k;
-  const float e_x = expf(fmaf(to_float(row[x]), inv_t, -st.max));
+  const float e_x = shifted_exp(to_float(row[x]), st.max, inv_t);
   r.stop = !ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, st.sum, e_x);
   return r;
 }
@@ -348,7 +337,7 @@ __device__ void decide_row(const VerifyParams& P, const Workspace& W, int64_t b,
   }
   __syncthreads();
   for (int64_t i = warp; i <= K; i += warps) {
-    const ChunkStats st = merge_stat_blocks(W.stats + (b * (K + 1) + i) * NB, NB);
+    const ChunkStats st = merge_stat_blocks(W.stats + (b * (K + 1) + i) * NB, NB, inv_t);
     if (lane == 0) {
       const PositionTest r = test_position<TL, TQ>(P, b, i, st, inv_t, greedy, rng);
       if (r.bad) atomicOr(&sh.bad, 1);
@@ -358,11 +347,11 @@ __device__ void decide_row(const VerifyParams& P, const Workspace& W, int64_t b,
   __syncthreads();
   const int64_t j = sh.first_stop;
   if (warp == 0) {  // publish the stats of the stop position
-    const ChunkStats st = merge_stat_blocks(W.stats + (b * (K + 1) + j) * NB, NB);
+    const ChunkStats st = merge_stat_blocks(W.stats + (b * (K + 1) + j) * NB, NB, inv_t);
     if (lane == 0) {
       const PositionTest r = test_position<TL, TQ>(P, b, j, st, inv_t, greedy, rng);
       sh.stop_invalid = r.invalid_stop;
-      sh.max_y = st.max;
+      sh.max_l = st.max;
       sh.sum = st.sum;
       sh.arg = st.arg;
     }
@@ -370,31 +359,104 @@ __device__ void decide_row(const VerifyParams& P, const Workspace& W, int64_t b,
   __syncthreads();
 }
 
+// ----------------------------------------------------------------------------
+// Stages shared by both kernels
+// ----------------------------------------------------------------------------
+
+// Inverse temperature used by the stats of a row: 1 for greedy rows (and for
+// an unusable T, whose row is invalid anyway).
+__device__ __forceinline__ float stats_inv_t(float t) {
+  return (t == 0.0f || !valid_temperature(t)) ? 1.0f : 1.0f / t;
+}
+
+// Where a row's race runs: its logits row, the draft distribution there and
+// the draft position (verify: the stop position j; sample: 0, no q).
 template <typename TL, typename TQ>
-__global__ void verify_kernel(VerifyParams P, Workspace W) {
-  __shared__ RacePair race_scratch[32];
-  __shared__ RowShared row;
-  cg::grid_group grid = cg::this_grid();
-  const int64_t B = P.B, K = P.K, V = P.V, C = W.chunks, NB = W.stat_blocks;
+struct RaceSite {
+  const TL* row;
+  const TQ* q_row;  // kDense only
+  QMode q_mode;
+  int64_t draft;    // kOneHot: the draft id
+  uint32_t position;
+};
 
-  // Stage 1: stats of every (row, position, stat block).
-  for (int64_t item = blockIdx.x; item < B * (K + 1) * C; item += gridDim.x) {
-    const int64_t b = item / ((K + 1) * C), i = (item / C) % (K + 1), c = item % C;
-    const float t = P.temperature.get(b);
-    const bool greedy = t == 0.0f, t_ok = valid_temperature(t);
-    const TL* lrow = static_cast<const TL*>(P.logits) + b * P.logits_stride_b + i * P.logits_stride_k;
-    chunk_stat_blocks(lrow, V, c, W.chunk_len, (greedy || !t_ok) ? 1.0f : 1.0f / t, !greedy, t_ok,
-                      W.stats + (b * (K + 1) + i) * NB);
+template <typename TL, typename TQ>
+__device__ __forceinline__ RaceSite<TL, TQ> verify_site(const VerifyParams& P, int64_t b, int64_t j) {
+  const QMode q_mode = q_mode_at(j, P.K, P.draft_probs != nullptr);
+  return RaceSite<TL, TQ>{
+      static_cast<const TL*>(P.logits) + b * P.logits_stride_b + j * P.logits_stride_k,
+      q_mode == QMode::kDense ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b + j * P.probs_stride_k
+                              : nullptr,
+      q_mode, j < P.K ? P.draft_ids[b * P.K + j] : -1, static_cast<uint32_t>(j)};
+}
+
+template <typename TL>
+__device__ __forceinline__ RaceSite<TL, float> sample_site(const SampleParams& P, int64_t b) {
+  return RaceSite<TL, float>{static_cast<const TL*>(P.logits) + b * P.logits_stride_b, nullptr, QMode::kNone, -1, 0u};
+}
+
+// Stage 1: stats of every (row, position, stat block); item (b, i, c) covers
+// chunk c of position i of row b. `positions` = K + 1 (verify) or 1 (sample).
+template <typename TL>
+__device__ void stats_stage(const void* logits, int64_t stride_b, int64_t stride_k, int64_t positions,
+                            const ScalarOrRow<float>& temperature, int64_t B, int64_t V, const Workspace& W) {
+  const int64_t C = W.chunks, NB = W.stat_blocks;
+  for (int64_t item = blockIdx.x; item < B * positions * C; item += gridDim.x) {
+    const int64_t b = item / (positions * C), i = (item / C) % positions, c = item % C;
+    const float t = temperature.get(b);
+    const TL* row = static_cast<const TL*>(logits) + b * stride_b + i * stride_k;
+    chunk_stat_blocks(row, V, c, W.chunk_len, stats_inv_t(t), t != 0.0f, valid_temperature(t),
+                      W.stats + (b * positions + i) * NB);
   }
-  grid.sync();
+}
 
-  // Stage 2: decide each row, coarse race over its stop position.
-  for (int64_t item = blockIdx.x; item < B * C; item += gridDim.x) {
+// Stage 3 of both kernels, for one row (warp-wide; every branch is
+// warp-uniform): the row's token from its decision. Greedy: already known.
+// Sampled: merge the C coarse winners in chunk order, then the fine race inside
+// the winning tile (on the residual, or on p if the residual is all zero).
+// Returns -1 when the row has no token.
+template <typename TL, typename TQ>
+__device__ int64_t final_token(const RowDecision& d, const RacePair* race, int64_t C, const RaceSite<TL, TQ>& site,
+                               int64_t V, float temperature, const RowRng& rng, uint32_t token_stream) {
+  if (d.status == RowStatus::kGreedy) return d.token;
+  if (d.status != RowStatus::kSampled) return -1;
+  RacePair r = race[0];
+  for (int64_t c = 1; c < C; ++c) r = merge_race(r, race[c]);
+  const bool use_p = !(r.key > 0.0f);
+  const int64_t tile = use_p ? r.idx_p : r.idx;
+  const int64_t ntiles = (V + kRaceTile - 1) / kRaceTile;
+  if (r.bad || tile < 0 || tile >= ntiles) return -1;
+  const int64_t token = warp_fine_race(site.row, site.q_row, site.q_mode, site.draft, V, tile, use_p,
+                                       1.0f / temperature, d.max_l, 1.0f / d.sum, rng, token_stream, site.position);
+  return (token >= 0 && token < V) ? token : -1;
+}
+
+// Calls fn(b) for rows b = global warp index, + total warps, ... (one warp per row).
+template <typename Fn>
+__device__ __forceinline__ void for_each_row_per_warp(int64_t B, Fn&& fn) {
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); b < B;
+       b += warps_total)
+    fn(b);
+}
+
+// ----------------------------------------------------------------------------
+// verify
+// ----------------------------------------------------------------------------
+
+// Stage 2: item (b, c): the block decides row b (decide_row: merged stats,
+// all positions tested, first stop j), then runs the coarse race over the
+// tiles of chunk c of position j. The block of chunk 0 publishes the decision.
+template <typename TL, typename TQ>
+__device__ void verify_decide_stage(const VerifyParams& P, const Workspace& W, RowShared& row,
+                                    RacePair* race_scratch) {
+  const int64_t C = W.chunks;
+  for (int64_t item = blockIdx.x; item < P.B * C; item += gridDim.x) {
     const int64_t b = item / C, c = item % C;
     const float t = P.temperature.get(b);
     const bool t_ok = valid_temperature(t), greedy = t == 0.0f;
-    const float inv_t = (greedy || !t_ok) ? 1.0f : 1.0f / t;
-    const RowRng rng = make_rng(P.rnd, b);
+    const float inv_t = stats_inv_t(t);
+    const RowRng rng = make_row_rng(P.rnd, b);
     if (t_ok) {
       decide_row<TL, TQ>(P, W, b, inv_t, greedy, rng, row);
     } else {
@@ -405,101 +467,76 @@ __global__ void verify_kernel(VerifyParams P, Workspace W) {
     const int64_t j = row.first_stop;
     RacePair rp = RacePair::empty();
     if (valid && !greedy) {
-      const TL* lrow = static_cast<const TL*>(P.logits) + b * P.logits_stride_b + j * P.logits_stride_k;
-      const int q_mode = j == K ? 0 : (P.draft_probs ? 2 : 1);
-      const TQ* q_row = q_mode == 2
-          ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b + j * P.probs_stride_k
-          : nullptr;
-      const int64_t x = j < K ? P.draft_ids[b * K + j] : -1;
-      rp = chunk_coarse_race(lrow, q_row, q_mode, x, V, c, W.chunk_len, inv_t, row.max_y, 1.0f / row.sum, rng,
-                             kStreamVerifyTile, static_cast<uint32_t>(j), static_cast<float*>(nullptr),
+      const RaceSite<TL, TQ> site = verify_site<TL, TQ>(P, b, j);
+      rp = chunk_coarse_race(site.row, site.q_row, site.q_mode, site.draft, P.V, c, W.chunk_len, inv_t, row.max_l,
+                             1.0f / row.sum, rng, kStreamVerifyTile, site.position, static_cast<float*>(nullptr),
                              race_scratch);
     }
     if (threadIdx.x == 0) {
       W.race[item] = rp;
-      if (c == 0) W.rows[b] = RowDecision{j, row.arg, row.max_y, row.sum, valid ? (greedy ? 2 : 1) : 0};
+      if (c == 0)
+        W.rows[b] = RowDecision{j, row.arg, row.max_l, row.sum,
+                                valid ? (greedy ? RowStatus::kGreedy : RowStatus::kSampled) : RowStatus::kInvalid};
     }
     __syncthreads();  // `row` is reused by the next item
   }
-  grid.sync();
+}
 
-  // Stage 3: one warp per row: fine race, then lane 0 writes the outputs.
-  const int lane = threadIdx.x & 31;
-  const int64_t ntiles = (V + kRaceTile - 1) / kRaceTile;
-  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); b < B;
-       b += warps_total) {
+template <typename TL, typename TQ>
+__global__ void verify_kernel(VerifyParams P, Workspace W) {
+  __shared__ RacePair race_scratch[32];
+  __shared__ RowShared row;
+  cg::grid_group grid = cg::this_grid();
+  const int64_t K = P.K;
+
+  stats_stage<TL>(P.logits, P.logits_stride_b, P.logits_stride_k, K + 1, P.temperature, P.B, P.V, W);
+  grid.sync();
+  verify_decide_stage<TL, TQ>(P, W, row, race_scratch);
+  grid.sync();
+  // Stage 3: one warp per row: its token, then lane 0 writes the outputs.
+  for_each_row_per_warp(P.B, [&](int64_t b) {
     const RowDecision d = W.rows[b];
-    int64_t token = d.token;
-    bool valid = d.status != 0;
-    if (d.status == 1) {  // warp-uniform
-      RacePair r = W.race[b * C];
-      for (int64_t c = 1; c < C; ++c) r = merge_race(r, W.race[b * C + c]);
-      const bool use_p = !(r.key > 0.0f);
-      const int64_t tile = use_p ? r.idx_p : r.idx;
-      valid = !r.bad && tile >= 0 && tile < ntiles;
-      if (valid) {
-        const int q_mode = d.j == K ? 0 : (P.draft_probs ? 2 : 1);
-        const TL* lrow = static_cast<const TL*>(P.logits) + b * P.logits_stride_b + d.j * P.logits_stride_k;
-        const TQ* q_row = q_mode == 2
-            ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b + d.j * P.probs_stride_k
-            : nullptr;
-        const int64_t x = d.j < K ? P.draft_ids[b * K + d.j] : -1;
-        token = warp_fine_race(lrow, q_row, q_mode, x, V, tile, use_p, 1.0f / P.temperature.get(b), d.max_y,
-                               1.0f / d.sum, make_rng(P.rnd, b), kStreamVerifyRace, static_cast<uint32_t>(d.j));
-        valid = token >= 0 && token < V;
-      }
-    }
-    if (lane == 0) {
+    const int64_t token = final_token(d, W.race + b * W.chunks, W.chunks, verify_site<TL, TQ>(P, b, d.j), P.V,
+                                      P.temperature.get(b), make_row_rng(P.rnd, b), kStreamVerifyRace);
+    if ((threadIdx.x & 31) == 0) {
+      const bool valid = token >= 0;
       int64_t* out = P.tokens + b * (K + 1);
-      for (int64_t i = 0; i <= K; ++i) {
-        int64_t v = -1;
-        if (valid) v = i < d.j ? P.draft_ids[b * K + i] : (i == d.j ? token : -1);
-        out[i] = v;
-      }
+      for (int64_t i = 0; i <= K; ++i) out[i] = !valid ? -1 : i < d.j ? P.draft_ids[b * K + i] : i == d.j ? token : -1;
       P.num_accepted[b] = valid ? d.j : 0;
       P.valid[b] = valid;
     }
-  }
+  });
 }
 
 // ----------------------------------------------------------------------------
 // sample
 // ----------------------------------------------------------------------------
+
+// Stage 2: item (b, c): merged stats of row b, then the coarse race over chunk c
+// (writing p to probs_out), or the one-hot / zero probs_out of a greedy / invalid row.
 template <typename TL>
-__global__ void sample_kernel(SampleParams P, Workspace W) {
-  __shared__ RacePair race_scratch[32];
-  __shared__ ChunkStats row_stats;
-  cg::grid_group grid = cg::this_grid();
-  const int64_t B = P.B, V = P.V, C = W.chunks, NB = W.stat_blocks;
-
-  for (int64_t item = blockIdx.x; item < B * C; item += gridDim.x) {
-    const int64_t b = item / C, c = item % C;
-    const float t = P.temperature.get(b);
-    const bool greedy = t == 0.0f, t_ok = valid_temperature(t);
-    const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
-    chunk_stat_blocks(row, V, c, W.chunk_len, (greedy || !t_ok) ? 1.0f : 1.0f / t, !greedy, t_ok, W.stats + b * NB);
-  }
-  grid.sync();
-
-  for (int64_t item = blockIdx.x; item < B * C; item += gridDim.x) {
+__device__ void sample_decide_stage(const SampleParams& P, const Workspace& W, ChunkStats& row_stats,
+                                    RacePair* race_scratch) {
+  const int64_t V = P.V, C = W.chunks, NB = W.stat_blocks;
+  for (int64_t item = blockIdx.x; item < P.B * C; item += gridDim.x) {
     const int64_t b = item / C, c = item % C;
     const float t = P.temperature.get(b);
     const bool greedy = t == 0.0f;
     if ((threadIdx.x >> 5) == 0) {
-      const ChunkStats st = merge_stat_blocks(W.stats + b * NB, NB);
+      const ChunkStats st = merge_stat_blocks(W.stats + b * NB, NB, stats_inv_t(t));
       if (threadIdx.x == 0) row_stats = st;
     }
     __syncthreads();
     const ChunkStats st = row_stats;
-    const bool valid = valid_temperature(t) && !st.bad && usable_max(st.arg_val);
-    const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
+    const bool valid = valid_temperature(t) && !st.bad && usable_max(st.max);
     float* probs = P.probs_out ? P.probs_out + b * P.probs_stride_b : nullptr;
     const int64_t begin = c * W.chunk_len, end = imin(V, begin + W.chunk_len);
     RacePair rp = RacePair::empty();
     if (valid && !greedy) {
-      rp = chunk_coarse_race(row, static_cast<const float*>(nullptr), 0, -1, V, c, W.chunk_len, 1.0f / t, st.max,
-                             1.0f / st.sum, make_rng(P.rnd, b), kStreamSampleTile, 0u, probs, race_scratch);
+      const RaceSite<TL, float> site = sample_site<TL>(P, b);
+      rp = chunk_coarse_race(site.row, site.q_row, site.q_mode, site.draft, V, c, W.chunk_len, 1.0f / t, st.max,
+                             1.0f / st.sum, make_row_rng(P.rnd, b), kStreamSampleTile, site.position, probs,
+                             race_scratch);
     } else if (probs) {
       for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x)
         probs[v] = (valid && v == st.arg) ? 1.0f : 0.0f;
@@ -507,31 +544,29 @@ __global__ void sample_kernel(SampleParams P, Workspace W) {
     if (threadIdx.x == 0) {
       rp.bad = !valid;
       W.race[item] = rp;
-      if (c == 0) W.rows[b] = RowDecision{0, st.arg, st.max, st.sum, valid ? (greedy ? 2 : 1) : 0};
+      if (c == 0)
+        W.rows[b] = RowDecision{0, st.arg, st.max, st.sum,
+                                valid ? (greedy ? RowStatus::kGreedy : RowStatus::kSampled) : RowStatus::kInvalid};
     }
     __syncthreads();  // row_stats is reused by the next item
   }
-  grid.sync();
+}
 
-  const int lane = threadIdx.x & 31;
-  const int64_t ntiles = (V + kRaceTile - 1) / kRaceTile;
-  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); b < B;
-       b += warps_total) {
-    const RowDecision d = W.rows[b];
-    int64_t token = d.status == 2 ? d.token : -1;
-    if (d.status == 1) {  // warp-uniform
-      RacePair r = W.race[b * C];
-      for (int64_t c = 1; c < C; ++c) r = merge_race(r, W.race[b * C + c]);
-      if (!r.bad && r.idx_p >= 0 && r.idx_p < ntiles) {
-        const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
-        token = warp_fine_race(row, static_cast<const float*>(nullptr), 0, -1, V, r.idx_p, true,
-                               1.0f / P.temperature.get(b), d.max_y, 1.0f / d.sum, make_rng(P.rnd, b),
-                               kStreamSampleRace, 0u);
-      }
-    }
-    if (lane == 0) P.tokens[b] = (token >= 0 && token < V) ? token : -1;
-  }
+template <typename TL>
+__global__ void sample_kernel(SampleParams P, Workspace W) {
+  __shared__ RacePair race_scratch[32];
+  __shared__ ChunkStats row_stats;
+  cg::grid_group grid = cg::this_grid();
+
+  stats_stage<TL>(P.logits, P.logits_stride_b, 0, 1, P.temperature, P.B, P.V, W);
+  grid.sync();
+  sample_decide_stage<TL>(P, W, row_stats, race_scratch);
+  grid.sync();
+  for_each_row_per_warp(P.B, [&](int64_t b) {
+    const int64_t token = final_token(W.rows[b], W.race + b * W.chunks, W.chunks, sample_site<TL>(P, b), P.V,
+                                      P.temperature.get(b), make_row_rng(P.rnd, b), kStreamSampleRace);
+    if ((threadIdx.x & 31) == 0) P.tokens[b] = token;
+  });
 }
 
 }  // namespace specdec::cuda
