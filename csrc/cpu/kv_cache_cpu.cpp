@@ -54,8 +54,8 @@ void kv_rollback_cpu(at::Tensor& lengths, int64_t num_appended, const at::Tensor
                       "] (rolling forward is not allowed); nothing was written");
     TORCH_CHECK_VALUE(n >= 0, "kv_rollback_: lengths[", b, "] = ", n, " is negative; nothing was written");
     out[b] = kv_rollback_length(n, num_appended, k);
-    TORCH_CHECK_VALUE(out[b] >= 0, "kv_rollback_: row ", b, " holds ", n, " tokens; dropping ", num_appended - k,
-                      " would make its length negative; nothing was written");
+    TORCH_CHECK_VALUE(out[b] >= 0, "kv_rollback_: lengths[", b, "] = ", n, "; dropping num_appended - num_kept[",
+                      b, "] = ", num_appended - k, " would make it negative; nothing was written");
   }
   for (int64_t b = 0; b < P.B; ++b) P.lengths.set(b, out[b]);
 }

@@ -2,8 +2,10 @@
 and ranks, with the package's error policy (``ValueError`` / ``TypeError`` naming the
 argument). Sizes and values are checked by the real kernels (csrc/args/).
 
-The device rule matters most here: a call that mixes meta tensors with CPU tensors is
-dispatched to the fake kernel, so this is the only place that can refuse it.
+Devices: an eager call that mixes devices (say a meta tensor among CPU ones) is refused by
+the dispatcher's device check in csrc/ops.cpp before any kernel runs. Under torch.compile
+only the fake kernel runs, so it applies the same rule (data tensors on one device;
+temperature, seed and offset may also be on the CPU).
 """
 from __future__ import annotations
 

@@ -73,10 +73,10 @@ def kv_rollback_(
         - CUDA: that row's length is left unchanged, the other rows are rolled back, and
           ``invalid[b]`` is set to True (never cleared by the op).
     """
-    num_appended = check_int("num_appended", num_appended, 0)
+    num_appended = check_int("num_appended", num_appended, 0, 2**63 - 1)
     if not isinstance(num_kept, torch.Tensor):
-        num_kept = torch.full(lengths.shape, check_int("num_kept", num_kept), dtype=torch.int64,
-                              device=lengths.device)
+        num_kept = torch.full(lengths.shape, check_int("num_kept", num_kept, -(2**63), 2**63 - 1),
+                              dtype=torch.int64, device=lengths.device)
     torch.ops.specdec.kv_rollback_(lengths, num_appended, num_kept, invalid)
 
 

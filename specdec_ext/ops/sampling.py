@@ -17,12 +17,14 @@ class VerifyResult(NamedTuple):
 
     tokens       int64 [B, K+1]: accepted drafts, then the correction (or bonus) token, then -1
     num_accepted int64 [B] in [0, K]: row b emits num_accepted[b] + 1 tokens
-    valid        bool  [B]: False for a row with NaN / +inf logits (any position) or a bad
-                 draft probability (NaN, +inf, negative) among the entries the op reads
-                 (q(x) of every tested draft, the whole q row at the rejected position), a
-                 draft id outside [0, V), an unusable per-row temperature (negative, NaN,
-                 +inf, denormal), or a used position whose logits / T are all -inf or
-                 overflow; such a row has tokens all -1 and num_accepted 0
+    valid        bool  [B]: False exactly for a row with a NaN / +inf logit (any position), a
+                 used position whose logits are all -inf, a draft id outside [0, V), a bad
+                 draft probability (NaN, +inf, negative) among the entries the op reads (q(x)
+                 of every tested draft, the whole q row at the rejected position), or an
+                 unusable per-row tensor temperature (negative, NaN, inf, 1/T overflowing
+                 float32); such a row has tokens all -1 and num_accepted 0. Finite logits of
+                 any size are fine (softmax is exp((l - max) / T)): a valid row never holds
+                 an id outside [0, V)
     """
 
     tokens: torch.Tensor
@@ -101,8 +103,10 @@ def sample(
 
     Returns
     -------
-    Tensor [B] int64: the sampled ids (-1 for a row whose logits hold NaN / +inf or
-    are all -inf, or whose tensor temperature is negative; its probs_out row is 0).
+    Tensor [B] int64: the sampled ids, always in [0, V) for finite logits (any size) and a
+    usable temperature; -1 for a row whose logits hold NaN / +inf or are all -inf, or whose
+    tensor temperature is unusable (negative, NaN, inf, 1/T overflowing float32); its
+    probs_out row is then 0.
     """
     return torch.ops.specdec.sample(
         float_arg(logits), temperature_arg(temperature), seed_arg(seed), int64_arg(offset, "offset"), probs_out)
