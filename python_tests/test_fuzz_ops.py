@@ -700,6 +700,20 @@ def make_sample_case(via, args, how=None):
     return Case("sample", via, args, call, v, check, how)
 
 
+@st.composite
+def cache_write_tensors(draw, c, cache_shape, new_shape):
+    """(key_cache, value_cache, new_k, new_v) for a cache write: usually one float dtype, now
+    and then a mismatched one (value_cache, new_k) or a bad one; values, layouts, meta per Chaos."""
+    dtype = c.fdtype()
+    kc = draw(tensors(draw(float_values(c.shape(cache_shape))), dtype, unit_last=True, meta=c.meta()))
+    vdt = dtype if draw(st.integers(0, 11)) else draw(float_dtype(p_bad=2))
+    vc = draw(tensors(draw(float_values(c.shape(cache_shape))), vdt, unit_last=True, meta=c.meta()))
+    nk = draw(tensors(draw(float_values(c.shape(new_shape))), dtype if draw(st.integers(0, 11)) else vdt,
+                      meta=c.meta()))
+    nv = draw(tensors(draw(float_values(c.shape(new_shape))), vdt, meta=c.meta()))
+    return kc, vc, nk, nv
+
+
 # =============================================================================================
 # kv_append_
 # =============================================================================================
@@ -710,13 +724,7 @@ def kv_append_cases(draw, alias: bool = False):
     c = Chaos(draw, alias)
     meta = c.meta
 
-    dtype = c.fdtype()
-    kc = draw(tensors(draw(float_values(c.shape([B, H, M, D]))), dtype, unit_last=True, meta=meta()))
-    vdt = dtype if draw(st.integers(0, 11)) else draw(float_dtype(p_bad=2))
-    vc = draw(tensors(draw(float_values(c.shape([B, H, M, D]))), vdt, unit_last=True, meta=meta()))
-    nk = draw(tensors(draw(float_values(c.shape([B, H, S, D]))), dtype if draw(st.integers(0, 11)) else vdt,
-                      meta=meta()))
-    nv = draw(tensors(draw(float_values(c.shape([B, H, S, D]))), vdt, meta=meta()))
+    kc, vc, nk, nv = draw(cache_write_tensors(c, [B, H, M, D], [B, H, S, D]))
     lvals = torch.tensor(draw(st.lists(st.one_of(st.integers(0, max(M - S, 0)), index_value(M)), min_size=B, max_size=B)),
                          dtype=torch.int64)
     lengths = draw(int_tensor(c.shape([B]), dtype=c.idtype(), bound=M, meta=meta(), values=None if draw(st.integers(0, 9)) == 9
@@ -876,12 +884,7 @@ def paged_append_cases(draw, alias: bool = False):
     c = Chaos(draw, alias)
     meta = c.meta
 
-    dtype = c.fdtype()
-    kc = draw(tensors(draw(float_values(c.shape([NB, BS, H, D]))), dtype, unit_last=True, meta=meta()))
-    vdt = dtype if draw(st.integers(0, 11)) else draw(float_dtype(p_bad=2))
-    vc = draw(tensors(draw(float_values(c.shape([NB, BS, H, D]))), vdt, unit_last=True, meta=meta()))
-    nk = draw(tensors(draw(float_values(c.shape([T, H, D]))), dtype, meta=meta()))
-    nv = draw(tensors(draw(float_values(c.shape([T, H, D]))), vdt, meta=meta()))
+    kc, vc, nk, nv = draw(cache_write_tensors(c, [NB, BS, H, D], [T, H, D]))
     nslots = NB * BS
     # Mostly a permutation of distinct slots with some -1 padding; sometimes anything.
     perm = draw(st.permutations(list(range(nslots)) + [-1] * T))[:T] if nslots + T else []

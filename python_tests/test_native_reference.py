@@ -19,25 +19,9 @@ shows up in a large share of rows) still fails.
 import pytest
 import torch
 
-import specdec_ext
 
-CUDA = torch.cuda.is_available() and specdec_ext.has_cuda_kernels()
 OPS = torch.ops.specdec
 MAX_DIFFERING_ROWS = 2
-
-VARIANTS = ["avx2", "default",
-            pytest.param("cuda", marks=[pytest.mark.cuda,
-                                        pytest.mark.skipif(not CUDA, reason="needs a GPU and CUDA kernels")])]
-
-
-@pytest.fixture(params=VARIANTS)
-def variant(request, monkeypatch):
-    if request.param == "default":
-        monkeypatch.setenv("SPECDEC_CPU_CAPABILITY", "default")
-    else:
-        monkeypatch.delenv("SPECDEC_CPU_CAPABILITY", raising=False)
-    return "cuda" if request.param == "cuda" else "cpu"
-
 
 def _case(dtype, V, K, dense, greedy, seed):
     g = torch.Generator().manual_seed(seed)
