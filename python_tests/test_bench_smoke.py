@@ -47,9 +47,10 @@ def test_bench_e2e_smoke(tmp_path, capsys):
                        "--max-new-tokens", "6", "--prompts", "1", "--no-progress", "--json", path]) == 0
     rows = json.load(open(path))["rows"]
     methods = {r["method"] for r in rows}
-    assert {"target-only", "engine", "engine adaptive", "HF generate", "HF assisted"} <= methods
+    assert {"target-only", "engine", "engine adaptive", "engine ngram", "engine hybrid", "HF generate",
+            "HF assisted", "HF prompt lookup"} <= methods
     engine = [r for r in rows if r["method"] == "engine"][0]
-    assert engine["tokens"] == 6 and engine["speedup"] > 0
+    assert engine["tokens"] == 6 and engine["speedup"] > 0 and 0 <= engine["bookkeeping"] < 1
     assert "speedup" in capsys.readouterr().out
     assert "target" in _check_targets(path)
 

@@ -190,3 +190,10 @@ def test_cli_stops_at_end_of_text():
     assert min(counts) < 200, counts
     rc, out, _ = _cli(*args, "--seed", str(counts.index(min(counts))), "--ignore-eos")
     assert " 200 tokens" in out
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram", "hybrid"])
+def test_cli_drafters_run(drafter):
+    rc, out, err = _cli("--prompt", "def f(x):", "--max-new-tokens", "12", "--no-progress", "--drafter", drafter)
+    assert rc == 0, err
+    assert "12 tokens" in out and "speedup" in out

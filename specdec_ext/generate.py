@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--adaptive", nargs="?", const="cost", default="cost", choices=["cost", "threshold"],
                     help="adapt K in [0, k] (default: the cost model; 'threshold' = the simple rule)")
     ap.add_argument("--fixed-k", action="store_true", help="always draft exactly --k tokens (no adaptation)")
+    ap.add_argument("--drafter", choices=["model", "ngram", "hybrid"], default="hybrid",
+                    help="where drafts come from: the draft model, prompt lookup (n-gram) in the prompt and "
+                         "output, or n-gram where a match exists and the model elsewhere (default)")
+    ap.add_argument("--max-ngram", type=_int_at_least(1), default=3, help="longest suffix n-gram matched")
     ap.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eos-id", type=_int_at_least(0), default=None, help="end-of-text id (default: the model's)")
@@ -196,8 +200,9 @@ def run(args, cfg: dict) -> int:
     target, draft = _load(args)
     metrics = SpecDecMetrics(engine="cli") if args.metrics_port is not None else None
     server = metrics.serve(args.metrics_port) if metrics else None
-    engine = SpeculativeEngine(target, draft, k=args.k, adaptive_k=False if args.fixed_k else args.adaptive,
-                               metrics=metrics)
+    engine = SpeculativeEngine(target, None if args.drafter == "ngram" else draft, k=args.k,
+                               adaptive_k=False if args.fixed_k else args.adaptive, metrics=metrics,
+                               drafter="auto" if args.drafter == "ngram" else args.drafter, max_ngram=args.max_ngram)
     ids = torch.tensor([prompt_ids], dtype=torch.int64)
     engine.generate(ids, min(4, args.max_new_tokens), temperature=args.temperature, seed=args.seed)  # warm-up
     bar, update = progress_bar(args.max_new_tokens, not args.no_progress and args.max_new_tokens >= 32)
@@ -208,7 +213,7 @@ def run(args, cfg: dict) -> int:
     tok_s = st.tokens_generated / elapsed if elapsed > 0 else 0.0
     speed = ""
     if not args.no_baseline:
-        base, base_s = _timed(SpeculativeEngine(target, draft, k=0, adaptive_k=False), ids, args, eos)
+        base, base_s = _timed(SpeculativeEngine(target, None, k=0, adaptive_k=False), ids, args, eos)
         base_tok_s = base.stats[0].tokens_generated / base_s if base_s > 0 else 0.0
         ratio = f"{tok_s / base_tok_s:.2f}x" if base_tok_s > 0 else "n/a (no tokens)"
         speed = f" | target-only {base_tok_s:.1f} tokens/s -> speedup {ratio}"

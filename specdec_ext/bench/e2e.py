@@ -4,12 +4,16 @@ Same prompts, same max_new_tokens, one run, per device (CPU, and CUDA when prese
 
 * target-only autoregressive decoding with the package's reference model (K = 0)
 * the engine with K in {1, 2, 4, 6} and adaptive K, greedy (T = 0) and sampling (T = 1)
-* Hugging Face ``generate(assistant_model=draft)`` and plain ``generate`` on the same
-  weights (when transformers is installed; assisted generation is batch 1 only)
+* the engine with prompt-lookup (n-gram) drafting and with the hybrid drafter (n-gram
+  where a match exists, the draft model elsewhere), adaptive K
+* Hugging Face ``generate(assistant_model=draft)``, ``generate(prompt_lookup_num_tokens=)``
+  and plain ``generate`` on the same weights (when transformers is installed; assisted and
+  prompt-lookup generation are batch 1 only)
 * batch 1 and batch 8
 
 Columns: tokens/s; alpha (per-token acceptance, accepted / tested drafts); tokens per
-target step; speedup over target-only decoding; Leviathan's predicted speedup
+target step; bk% (the engine's own bookkeeping: step time outside the draft, target and
+verify phases); speedup over target-only decoding; Leviathan's predicted speedup
 (1 - a^(K+1)) / ((1 - a)(K c + 1)) for the measured alpha and cost ratio
 c = draft time per draft token / target-only time per token.
 """
@@ -55,11 +59,11 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0):
+def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0, drafter="auto"):
     """groups: list of (ids, mask). Returns aggregate stats over all of them."""
-    eng = SpeculativeEngine(target, draft, k=k, adaptive_k=adaptive)
+    eng = SpeculativeEngine(target, draft, k=k, adaptive_k=adaptive, drafter=drafter)
     tokens = steps = accepted = rejections = 0
-    draft_s = draft_steps = 0.0
+    draft_s = draft_steps = other_s = step_s = 0.0
     elapsed = 0.0
     for ids, mask in groups:
         t0 = time.perf_counter()
@@ -71,18 +75,22 @@ def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0)
         rejections += sum(s.rejections for s in out.stats)
         draft_s += out.phase_s.draft
         draft_steps += out.draft_steps
+        other_s, step_s = other_s + out.phase_s.other, step_s + out.phase_s.total
     tested = accepted + rejections
     return dict(tokens=tokens, seconds=elapsed, tok_s=tokens / elapsed,
                 alpha=accepted / tested if tested else None,
                 tokens_per_step=tokens / steps / len(groups[0][0]) if steps else None,
-                draft_s_per_token=draft_s / draft_steps if draft_steps else None)
+                draft_s_per_token=draft_s / draft_steps if draft_steps else None,
+                bookkeeping=other_s / step_s if step_s else None)
 
 
-def run_hf(hf_target, hf_draft, temperature, groups, max_new, assisted):
+def run_hf(hf_target, hf_draft, temperature, groups, max_new, assisted, prompt_lookup=None):
     tokens, elapsed = 0, 0.0
     kw = dict(do_sample=temperature > 0, max_new_tokens=max_new, min_new_tokens=max_new, pad_token_id=0)
     if temperature > 0:
         kw.update(temperature=temperature, top_k=0, top_p=1.0)
+    if prompt_lookup:
+        kw.update(prompt_lookup_num_tokens=prompt_lookup)
     for ids, mask in groups:
         torch.manual_seed(0)
         t0 = time.perf_counter()
@@ -91,7 +99,7 @@ def run_hf(hf_target, hf_draft, temperature, groups, max_new, assisted):
         elapsed += time.perf_counter() - t0
         tokens += (out.shape[1] - ids.shape[1]) * ids.shape[0]
     return dict(tokens=tokens, seconds=elapsed, tok_s=tokens / elapsed, alpha=None, tokens_per_step=None,
-                draft_s_per_token=None)
+                draft_s_per_token=None, bookkeeping=None)
 
 
 def bench_device(device, args, rows, bar):
@@ -123,10 +131,16 @@ def bench_device(device, args, rows, bar):
                 add("engine", k, run_engine(target, draft, k, False, T, groups, args.max_new_tokens))
             add("engine adaptive", f"<={max(args.k)}",
                 run_engine(target, draft, max(args.k), "cost", T, groups, args.max_new_tokens))
+            add("engine ngram", f"<={max(args.k)}",
+                run_engine(target, None, max(args.k), "cost", T, groups, args.max_new_tokens))
+            add("engine hybrid", f"<={max(args.k)}",
+                run_engine(target, draft, max(args.k), "cost", T, groups, args.max_new_tokens, drafter="hybrid"))
             if hf_target is not None:
                 add("HF generate", "-", run_hf(hf_target, None, T, groups, args.max_new_tokens, False))
                 if B == 1:
                     add("HF assisted", "hf", run_hf(hf_target, hf_draft, T, groups, args.max_new_tokens, True))
+                    add("HF prompt lookup", "hf", run_hf(hf_target, None, T, groups, args.max_new_tokens, False,
+                                                         prompt_lookup=max(args.k)))
                 else:
                     rows.append(dict(device=device, batch=B, temperature=T, method="HF assisted", k="-",
                                      note="batch 1 only"))
@@ -134,14 +148,16 @@ def bench_device(device, args, rows, bar):
                     bar.update(1)
 
 
-HEADER = (f"{'dev':4} {'B':>2} {'T':>3} {'method':16} {'K':>5} | {'tok/s':>8} {'alpha':>5} {'tok/step':>8} | "
+HEADER = (f"{'dev':4} {'B':>2} {'T':>3} {'method':16} {'K':>5} | {'tok/s':>8} {'alpha':>5} {'tok/step':>8} "
+          f"{'bk%':>5} | "
           f"{'speedup':>7} {'c':>5} {'predicted':>9}")
 
 
 def print_row(r):
     f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+    bk = None if r.get("bookkeeping") is None else 100 * r["bookkeeping"]
     print(f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']:16} {str(r['k']):>5} | "
-          f"{r['tok_s']:>8.1f} {f(r['alpha'], '.2f'):>5} {f(r['tokens_per_step'], '.2f'):>8} | "
+          f"{r['tok_s']:>8.1f} {f(r['alpha'], '.2f'):>5} {f(r['tokens_per_step'], '.2f'):>8} {f(bk, '.1f'):>5} | "
           f"{r['speedup']:>6.2f}x {f(r['cost_ratio'], '.2f'):>5} {f(r['predicted'], '.2f'):>8}x", flush=True)
 
 
@@ -188,7 +204,7 @@ def main(argv):
         devices.remove("cuda")
     try:
         from tqdm import tqdm
-        total = len(devices) * len(args.batch) * len(args.temperature) * (len(args.k) + 4)
+        total = len(devices) * len(args.batch) * len(args.temperature) * (len(args.k) + 7)
         bar = tqdm(total=total, unit="run", file=sys.stderr, disable=args.no_progress, leave=False)
     except ImportError:
         bar = type("NoBar", (), {"update": lambda self, n: None, "close": lambda self: None})()

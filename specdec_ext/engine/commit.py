@@ -10,8 +10,9 @@ this step's cache entries each model keeps:
 - draft: the step fed the row's pending tokens then d_1..d_(K-1) (it never processes d_K);
   it keeps its pending tokens plus the drafts that are now committed and processed,
   ``min(m - 1, K - 1)``; the emitted tokens after those become its new pending tokens (one,
-  or two after a fully accepted step). With K = 0 the draft ran nothing and the emitted
-  token joins its pending list.
+  or two after a fully accepted step). With K = 0, or an n-gram step, the draft model ran
+  nothing and the emitted tokens join its pending list; when n-gram drafts replaced its own
+  for a row, it keeps only its pending tokens and every emitted token becomes pending.
 A finished row keeps nothing of a step (it runs in the batch until all rows are done).
 """
 from __future__ import annotations
@@ -35,18 +36,24 @@ class RowCommit:
 
 
 def commit_row(tokens: Sequence[int], num_accepted: int, k: int, draft_pending: Sequence[int],
-               num_generated: int, max_new_tokens: int, eos: AbstractSet[int]) -> RowCommit:
+               num_generated: int, max_new_tokens: int, eos: AbstractSet[int],
+               draft_model: str = "drafted") -> RowCommit:
     """The commit of one active row. ``tokens`` [K+1] from verify (accepted drafts, then the
-    correction / bonus token); ``num_generated``: tokens the row emitted before this step."""
+    correction / bonus token); ``num_generated``: tokens the row emitted before this step.
+    ``draft_model`` says what the draft model did for the row this step: "drafted" (it
+    proposed the drafts), "overridden" (it ran, but n-gram drafts replaced its own) or
+    "idle" (it did not run: K = 0 or an n-gram step)."""
     emitted = list(tokens[:num_accepted + 1])[:max(0, max_new_tokens - num_generated)]
     for i, t in enumerate(emitted):
         if t in eos:
             emitted = emitted[:i + 1]
             break
     m = len(emitted)
-    if k > 0:
+    if k > 0 and draft_model == "drafted":
         in_draft_cache = min(m - 1, k - 1)
         kept_draft, pending = len(draft_pending) + in_draft_cache, emitted[in_draft_cache:]
+    elif k > 0 and draft_model == "overridden":  # it processed its pending tokens, then its own drafts
+        kept_draft, pending = len(draft_pending), emitted
     else:
         kept_draft, pending = 0, list(draft_pending) + emitted
     done = num_generated + m >= max_new_tokens or (m > 0 and emitted[-1] in eos)
@@ -55,10 +62,12 @@ def commit_row(tokens: Sequence[int], num_accepted: int, k: int, draft_pending: 
 
 def commit_step(rows: Sequence[Sequence[int]], k: int, active: Sequence[bool],
                 draft_pending: Sequence[Sequence[int]], num_generated: Sequence[int], max_new_tokens: int,
-                eos: AbstractSet[int]) -> List[Optional[RowCommit]]:
+                eos: AbstractSet[int], draft_model: Optional[Sequence[str]] = None) -> List[Optional[RowCommit]]:
     """:func:`commit_row` for every row; None for a finished (inactive) row.
 
     rows[b] is the step's host copy of row b: tokens [K+1], then num_accepted.
+    draft_model[b] as in :func:`commit_row` (default: "drafted" for every row).
     """
-    return [commit_row(row[:k + 1], row[k + 1], k, draft_pending[b], num_generated[b], max_new_tokens, eos)
+    how = draft_model or ["drafted"] * len(rows)
+    return [commit_row(row[:k + 1], row[k + 1], k, draft_pending[b], num_generated[b], max_new_tokens, eos, how[b])
             if active[b] else None for b, row in enumerate(rows)]

@@ -38,7 +38,9 @@ from .commit import commit_step
 from .inputs import check_eos, check_prompts, check_seed, check_temperature_rows
 from .metrics import SpecDecMetrics
 from .outputs import GenerationOutput
-from .phases import check_rows, draft_phase, drop_entries, prefill, score_phase, verify_phase
+from .ngram import NgramIndex
+from .phases import (check_rows, draft_phase, drop_entries, ngram_drafts, override_drafts, prefill, score_phase,
+                     verify_phase)
 from .rng_keys import StepKeys
 from .run import Run
 from .timing import SyncDebug, make_timer
@@ -46,6 +48,24 @@ from .timing import SyncDebug, make_timer
 __all__ = ["SpeculativeEngine"]
 
 _POLICIES = {True: "cost", False: "fixed", "cost": "cost", "fixed": "fixed", "threshold": "threshold"}
+_DRAFTERS = ("auto", "model", "ngram", "hybrid")
+
+
+def _drafter(draft, drafter: str):
+    """(the draft model or None, 'model' | 'ngram' | 'hybrid') from the constructor's arguments."""
+    if drafter not in _DRAFTERS:
+        raise ValueError(f"drafter must be one of {_DRAFTERS}, got {drafter!r}")
+    if isinstance(draft, str):
+        if draft != "ngram":
+            raise ValueError(f"draft must be a model, None or 'ngram', got {draft!r}")
+        draft = None
+    if draft is None:
+        if drafter in ("model", "hybrid"):
+            raise ValueError(f"drafter={drafter!r} needs a draft model")
+        return None, "ngram"
+    if drafter == "ngram":
+        raise ValueError("drafter='ngram' takes no draft model (pass draft=None or draft='ngram')")
+    return draft, "model" if drafter == "auto" else drafter
 
 
 class SpeculativeEngine:
@@ -53,8 +73,10 @@ class SpeculativeEngine:
 
     Parameters
     ----------
-    target, draft : SpecModel | transformers.PreTrainedModel | specdec_ext LlamaModel
-        Same vocabulary, same device, and two distinct objects (each owns a KV cache).
+    target : SpecModel | transformers.PreTrainedModel | specdec_ext LlamaModel
+    draft : the same kinds, or None / "ngram" for prompt-lookup drafting (no draft model)
+        A draft model has the target's vocabulary and device and is a distinct object (each
+        owns a KV cache).
     k : int >= 0
         Drafts per step (the maximum when adaptive). 0 = plain decoding with the target.
     adaptive_k : bool | 'fixed' | 'cost' | 'threshold'
@@ -67,25 +89,37 @@ class SpeculativeEngine:
         Fills ``sequences`` after a row stops (default: the smallest eos id, else 0).
     step_costs : StepCosts, optional
         The cost model adaptive K starts from. Default: frozen at the models' parameter
-        ratio when ``generate`` gets a seed (reproducible), measured online otherwise.
+        ratio when ``generate`` gets a seed (reproducible), measured online otherwise; with
+        n-gram drafting a draft step costs nothing.
+    drafter : 'auto' | 'model' | 'ngram' | 'hybrid'
+        'auto': the draft model if one is given, else n-gram. 'hybrid': n-gram drafts
+        (:mod:`.ngram`: the tokens that followed the latest earlier occurrence of the row's
+        last ``max_ngram``..1 tokens in its prompt and output) for rows that have a match,
+        the draft model for the others; a step where every row has a match skips the draft
+        model. n-gram drafts are deterministic: verify sees one-hot q and stays exact.
+    max_ngram : int >= 1, the longest suffix matched by n-gram drafting
     """
 
-    def __init__(self, target, draft, k: int = 5, adaptive_k: Union[bool, str] = True,
+    def __init__(self, target, draft=None, k: int = 5, adaptive_k: Union[bool, str] = True,
                  metrics: Optional[SpecDecMetrics] = None, pad_token_id: Optional[int] = None,
-                 step_costs: Optional[StepCosts] = None):
+                 step_costs: Optional[StepCosts] = None, drafter: str = "auto", max_ngram: int = 3):
         self.k_max = check_int("k", k, 0)
+        self.max_ngram = check_int("max_ngram", max_ngram, 1)
+        draft, self.drafter = _drafter(draft, drafter)
         if not isinstance(adaptive_k, (bool, str)) or adaptive_k not in _POLICIES:
             raise (ValueError if isinstance(adaptive_k, str) else TypeError)(
                 f"adaptive_k must be True, False, 'fixed', 'cost' or 'threshold', got {adaptive_k!r}")
         self.policy_kind = _POLICIES[adaptive_k]
-        self.target, self.draft = adapt(target), adapt(draft)
+        self.target = adapt(target)
+        self.draft = None if draft is None else adapt(draft)
+        self.models = [("target", self.target)] + ([("draft", self.draft)] if self.draft is not None else [])
         if self.target is self.draft:
             raise ValueError("target and draft are the same SpecModel object, so they would share one KV cache; "
                              "pass two wrappers (or the raw model twice: each role gets its own wrapper)")
-        if self.target.vocab_size != self.draft.vocab_size:
+        if self.draft is not None and self.target.vocab_size != self.draft.vocab_size:
             raise ValueError(f"draft vocabulary ({self.draft.vocab_size}) differs from the target's "
                              f"({self.target.vocab_size}): speculative decoding needs one vocabulary")
-        if torch.device(self.target.device) != torch.device(self.draft.device):
+        if self.draft is not None and torch.device(self.target.device) != torch.device(self.draft.device):
             raise ValueError(f"target is on {self.target.device} but draft is on {self.draft.device}: "
                              "put both models on one device")
         if metrics is not None and not isinstance(metrics, SpecDecMetrics):
@@ -137,6 +171,8 @@ class SpeculativeEngine:
         eos, seed = check_eos(eos_token_id, V), check_seed(seed)
         if self.step_costs is not None:
             costs = copy.deepcopy(self.step_costs)
+        elif self.draft is None:  # n-gram drafting costs about nothing
+            costs = StepCosts(draft_guess=0.0, target_guess=1.0, frozen=True)
         elif seed is not None:  # reproducible: K must not follow measured timings
             costs = hinted_costs(self.target.step_cost_hint, self.draft.step_cost_hint) or StepCosts(frozen=True)
         else:
@@ -146,6 +182,10 @@ class SpeculativeEngine:
         run = Run(ids, prompts, max_new_tokens, eos, pad, self._to_device(temps), bool((temps == 0).all()), seed,
                   StepKeys(self.k_max), make_policy(self.policy_kind, self.k_max), costs,
                   self._to_device(torch.tensor([p[-1] for p in prompts], dtype=torch.int64)))
+        if self.drafter != "model":
+            run.ngram = [NgramIndex(self.max_ngram) for _ in prompts]
+            for index, p in zip(run.ngram, prompts):
+                index.extend(p)
         if max_new_tokens > 0:
             run.cache_len = self._prepare_caches(prompts, max_new_tokens)
         return run
@@ -157,9 +197,9 @@ class SpeculativeEngine:
         batch, so the caches get k + 1 positions of slack where the models allow (K is
         clipped to the room left, see :meth:`Run.choose_k`). Returns the cache length."""
         need = [len(p) + max_new_tokens - 1 for p in prompts]
-        caps = [m.max_positions for m in (self.target, self.draft) if m.max_positions is not None]
+        caps = [m.max_positions for _, m in self.models if m.max_positions is not None]
         cache_len = min([max(need) + self.k_max + 1] + caps)
-        for name, model in (("target", self.target), ("draft", self.draft)):
+        for name, model in self.models:
             if model.max_positions is not None and max(need) > model.max_positions:
                 raise CacheFullError(f"{name} model: a prompt of {max(len(p) for p in prompts)} tokens + "
                                      f"max_new_tokens ({max_new_tokens}) - 1 = {max(need)} positions exceed its "
@@ -169,7 +209,7 @@ class SpeculativeEngine:
                 model.reserve([min(cache_len, n + self.k_max + 1) for n in need])
             except (CacheFullError, OutOfBlocksError) as e:
                 raise type(e)(f"{name} model: {e}") from e
-        for model in (self.target, self.draft):
+        for _, model in self.models:
             prefill(model, prompts, self._to_device)
         return cache_len
 
@@ -180,8 +220,7 @@ class SpeculativeEngine:
         timer = make_timer(self.device)
         with sync:
             timer.mark()
-            draft_ids, draft_probs = draft_phase(self.draft, run.pending, k, run.temps, run.seed, run.keys,
-                                                 run.step, not run.greedy, self._to_device)
+            k, draft_ids, draft_probs, how = self._draft(run, k)
             timer.mark()
             logits = score_phase(self.target, run.last, draft_ids)
             timer.mark()
@@ -191,13 +230,30 @@ class SpeculativeEngine:
         check_rows(rows, k, run.active, run.step)
         n_pending = [len(p) for p in run.pending]
         commits = commit_step(rows, k, run.active, run.pending, [len(g) for g in run.generated],
-                              run.max_new_tokens, run.eos)
+                              run.max_new_tokens, run.eos, how)
         drop_entries(self.target, [k + 1 - (c.kept_target if c else 0) for c in commits])
-        if k > 0:  # the draft appended its pending tokens and d_1..d_(K-1)
+        if k > 0 and how[0] != "idle":  # the draft model appended its pending tokens and d_1..d_(K-1)
             drop_entries(self.draft, [n + k - 1 - (c.kept_draft if c else 0) for n, c in zip(n_pending, commits)])
         run.apply(commits, k)
         run.last = self._to_device(torch.tensor(run.last_tokens(), dtype=torch.int64))
         self._account(run, k, commits, timer.read(), time.perf_counter() - t0)
+
+    def _draft(self, run: Run, k: int):
+        """(K, draft_ids [B, K], draft_probs [B, K, V] or None, what the draft model did per
+        row). n-gram proposals where the drafter uses them: a step where every active row has
+        one runs without the draft model (K = the longest proposal, at most k); otherwise the
+        draft model drafts and the rows with a proposal take it instead (q one-hot there)."""
+        B = len(run.prompts)
+        props = [run.ngram[b].propose(k) if run.ngram is not None and run.active[b] else [] for b in range(B)]
+        if self.draft is None or (self.drafter == "hybrid" and all(props[b] for b in range(B) if run.active[b])):
+            k = min(k, max(len(p) for p in props))
+            return k, ngram_drafts(props, k, self._to_device), None, ["idle"] * B
+        draft_ids, draft_probs = draft_phase(self.draft, run.pending, k, run.temps, run.seed, run.keys, run.step,
+                                             not run.greedy, self._to_device)
+        rows = [b for b in range(B) if props[b]] if k > 0 else []
+        draft_ids, draft_probs = override_drafts(draft_ids, draft_probs, props, rows, self._to_device)
+        how = ["idle" if k == 0 else ("overridden" if b in rows else "drafted") for b in range(B)]
+        return k, draft_ids, draft_probs, how
 
     def _account(self, run: Run, k: int, commits, phases, step_s: float) -> None:
         """Phase times, the cost model's measurements and the metrics of one step."""

@@ -15,7 +15,8 @@ from ..models.base import SpecModel
 from ..ops.sampling import sample, verify
 from .rng_keys import StepKeys
 
-__all__ = ["check_rows", "draft_phase", "drop_entries", "padded_ids", "prefill", "score_phase", "verify_phase"]
+__all__ = ["check_rows", "draft_phase", "drop_entries", "ngram_drafts", "override_drafts", "padded_ids", "prefill",
+           "score_phase", "verify_phase"]
 
 ToDevice = Callable[[torch.Tensor], torch.Tensor]
 
@@ -71,6 +72,29 @@ def draft_phase(draft: SpecModel, pending: Sequence[Sequence[int]], k: int, temp
         if i + 1 < k:  # an invalid row (-1) feeds token 0 on; verify marks the row invalid anyway
             logits = draft.forward(draft_ids[:, i:i + 1].clamp(min=0))[:, 0]
     return draft_ids, probs
+
+
+def ngram_drafts(proposals: Sequence[Sequence[int]], k: int, to_device: ToDevice) -> torch.Tensor:
+    """Host proposals -> draft_ids int64 [B, K] on the device. A row with fewer than K
+    proposed tokens repeats its last one (any token is a valid deterministic draft: at worst
+    it is rejected), a row with none gets token 0."""
+    rows = [list(p[:k]) + [p[-1] if p else 0] * (k - len(p[:k])) for p in proposals]
+    return to_device(torch.tensor(rows, dtype=torch.int64).view(len(rows), k))
+
+
+def override_drafts(draft_ids: torch.Tensor, draft_probs: Optional[torch.Tensor], proposals: Sequence[Sequence[int]],
+                    rows: Sequence[int], to_device: ToDevice) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Replace the model's drafts of ``rows`` by their n-gram proposals (q one-hot there)."""
+    if not rows:
+        return draft_ids, draft_probs
+    k = draft_ids.shape[1]
+    sel = to_device(torch.tensor(list(rows), dtype=torch.int64))
+    draft_ids = draft_ids.index_copy(0, sel, ngram_drafts([proposals[b] for b in rows], k, to_device))
+    if draft_probs is not None:
+        onehot = torch.zeros(len(rows), k, draft_probs.shape[-1], dtype=draft_probs.dtype, device=draft_probs.device)
+        onehot.scatter_(2, draft_ids.index_select(0, sel).unsqueeze(-1), 1.0)
+        draft_probs = draft_probs.index_copy(0, sel, onehot)
+    return draft_ids, draft_probs
 
 
 def score_phase(target: SpecModel, last: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:

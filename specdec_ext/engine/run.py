@@ -9,6 +9,7 @@ import torch
 
 from .adaptive_k import AcceptanceEstimator, StepCosts
 from .commit import RowCommit
+from .ngram import NgramIndex
 from .outputs import GenerationOutput, PhaseTimes, RowStats
 from .rng_keys import StepKeys
 
@@ -33,6 +34,7 @@ class Run:
     costs: StepCosts
     last: torch.Tensor                # [B] int64 on the device: the last committed token
     cache_len: int = 0                # positions each model's cache holds per row
+    ngram: Optional[List[NgramIndex]] = None  # per-row prompt-lookup index (n-gram / hybrid drafting)
     generated: List[List[int]] = field(default_factory=list)
     pending: List[List[int]] = field(default_factory=list)
     active: List[bool] = field(default_factory=list)
@@ -68,6 +70,8 @@ class Run:
             if c is None:
                 continue
             self.generated[b].extend(c.emitted)
+            if self.ngram is not None:
+                self.ngram[b].extend(c.emitted)
             self.pending[b] = c.draft_pending
             self.active[b] = not c.done
             self.stats[b].record(k, c.accepted, len(c.emitted))

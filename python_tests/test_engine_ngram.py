@@ -1,0 +1,120 @@
+"""Prompt-lookup (n-gram) and hybrid drafting: the index, greedy equality with target-only
+decoding, the exact law at T = 1, and the caches after generation."""
+import numpy as np
+import pytest
+import torch
+
+from helpers import ragged_prompts
+from specdec_ext import SpeculativeEngine
+from specdec_ext.engine.ngram import NgramIndex
+from stats_reference import ALPHA, chi_square_pvalue
+from table_models import BigramModel
+
+V = 6
+
+
+def _table(seed, scale=1.5):
+    return torch.randn(V, V, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+# ---------------------------------------------------------------- the index
+def _naive(text, k, max_n, min_n=1):
+    for n in range(min(max_n, len(text) - 1), min_n - 1, -1):
+        suffix = text[len(text) - n:]
+        for start in range(len(text) - n - 1, -1, -1):  # latest earlier occurrence first
+            if text[start:start + n] == suffix:
+                return text[start + n:start + n + k]
+    return []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_index_matches_a_naive_search(seed):
+    rng = np.random.default_rng(seed)
+    text = rng.integers(0, 4, size=int(rng.integers(1, 60))).tolist()
+    ix = NgramIndex(max_ngram=3)
+    cut = int(rng.integers(0, len(text) + 1))
+    ix.extend(text[:cut])
+    ix.extend(text[cut:])  # incremental == at once
+    for k in (1, 4):
+        assert ix.propose(k) == _naive(text, k, 3)
+
+
+def test_index_edges():
+    ix = NgramIndex(max_ngram=2)
+    assert ix.propose(3) == []
+    ix.extend([7])
+    assert ix.propose(3) == []
+    ix.extend([8, 7])
+    assert ix.propose(3) == [8, 7]  # "7" was followed by 8
+    with pytest.raises(ValueError, match="min_ngram"):
+        NgramIndex(max_ngram=2, min_ngram=3)
+
+
+# ---------------------------------------------------------------- the engine
+def _looping_target():
+    """A bigram target that cycles 1 -> 2 -> 3 -> 1 under greedy decoding, with real
+    probability elsewhere (so n-gram drafts are often, not always, right at T = 1)."""
+    t = _table(3, scale=0.5)
+    for a, b in ((1, 2), (2, 3), (3, 1), (0, 1), (4, 1), (5, 2)):
+        t[a, b] += 2.5
+    return t
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "hybrid"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_equals_target_only(drafter, k):
+    t = _looping_target()
+    ids, mask = ragged_prompts(vocab=V, seed=4)
+    draft = None if drafter == "ngram" else BigramModel(t * 0.7 + _table(5) * 0.5)
+    eng = SpeculativeEngine(BigramModel(t), draft, k=k, adaptive_k=False, drafter=drafter)
+    out = eng.generate(ids, 25, temperature=0.0, attention_mask=mask)
+    ref = SpeculativeEngine(BigramModel(t), "ngram", k=0).generate(ids, 25, temperature=0.0, attention_mask=mask)
+    assert out.generated == ref.generated
+    assert sum(s.accepted for s in out.stats) > 0  # the n-gram drafts were used and accepted
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "hybrid"])
+def test_first_two_tokens_follow_the_target_exactly(drafter):
+    """The exact law at T = 1: 20k rows of a prompt that holds a repeated bigram, so the
+    n-gram drafter proposes at the first two positions (chi-square at ALPHA, 36 cells)."""
+    t = _table(1)
+    N = 20_000
+    prompt = torch.tensor([3, 4, 3])  # after "3" the index proposes 4
+    ids = prompt.repeat(N, 1)
+    draft = None if drafter == "ngram" else BigramModel(_table(2))
+    out = SpeculativeEngine(BigramModel(t), draft, k=2, adaptive_k=False, drafter=drafter).generate(
+        ids, 2, temperature=1.0, seed=11)
+    gen = torch.tensor(out.generated)
+    counts = torch.bincount(gen[:, 0] * V + gen[:, 1], minlength=V * V).numpy()
+    p = torch.softmax(t.double(), -1).numpy()
+    expected = (p[3][:, None] * p).ravel()
+    assert chi_square_pvalue(counts, expected) > ALPHA
+    acc = sum(s.accepted for s in out.stats) / max(1, sum(s.drafted for s in out.stats))
+    assert 0.0 < acc < 1.0
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "hybrid"])
+def test_caches_hold_exactly_the_committed_tokens(drafter):
+    t = _looping_target()
+    target, draft = BigramModel(t), BigramModel(t * 0.8 + _table(6) * 0.4)
+    ids, mask = ragged_prompts(vocab=V, seed=7)
+    eng = SpeculativeEngine(target, None if drafter == "ngram" else draft, k=3, adaptive_k=False, drafter=drafter)
+    out = eng.generate(ids, 19, temperature=1.0, seed=2, attention_mask=mask)
+    for b in range(ids.shape[0]):
+        seq = ids[b][mask[b] == 1].tolist() + out.generated[b]
+        assert target.history(b) == seq[:-1]  # the target holds every emitted token but the last
+        if drafter == "hybrid":
+            d = draft.history(b)
+            assert d == seq[:len(d)] and len(d) < len(seq)
+
+
+def test_drafter_arguments():
+    t = _table(1)
+    with pytest.raises(ValueError, match="needs a draft model"):
+        SpeculativeEngine(BigramModel(t), None, drafter="hybrid")
+    with pytest.raises(ValueError, match="takes no draft model"):
+        SpeculativeEngine(BigramModel(t), BigramModel(t), drafter="ngram")
+    with pytest.raises(ValueError, match="drafter must be one of"):
+        SpeculativeEngine(BigramModel(t), BigramModel(t), drafter="magic")
+    with pytest.raises(ValueError, match="draft must be a model, None or 'ngram'"):
+        SpeculativeEngine(BigramModel(t), "bigram")

@@ -1,0 +1,46 @@
+"""Prompt-lookup (n-gram) drafting: propose the tokens that followed the most recent earlier
+occurrence of the row's last n tokens (n from ``max_ngram`` down to ``min_ngram``).
+
+The drafts are deterministic given the text, so verify runs with one-hot q
+(``draft_probs=None``) and the output law stays exactly the target's. The index lives on
+the host, next to the committed text the engine already holds (one device-to-host copy per
+step): proposing costs no device work and no extra host sync; the proposals travel to the
+device with the step's other non-blocking copies.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+from .._validate import check_int
+
+__all__ = ["NgramIndex"]
+
+
+class NgramIndex:
+    """Incremental index of one row's text: for each n-gram (n <= max_ngram), where the token
+    after its latest occurrence sits. ``extend`` is O(new tokens x max_ngram); ``propose``
+    is O(max_ngram + k)."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        self.max_ngram = check_int("max_ngram", max_ngram, 1)
+        self.min_ngram = check_int("min_ngram", min_ngram, 1, self.max_ngram)
+        self.text: List[int] = []
+        self._next: Dict[Tuple[int, ...], int] = {}  # n-gram -> index of the token that followed it
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append committed tokens to the row's text."""
+        for t in tokens:
+            i = len(self.text)  # t sits at i: every n-gram ending at i - 1 is followed by t
+            for n in range(1, min(self.max_ngram, i) + 1):
+                self._next[tuple(self.text[i - n:i])] = i
+            self.text.append(int(t))
+
+    def propose(self, k: int) -> List[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the longest matching
+        suffix of the text; [] when no suffix of length >= min_ngram occurred before."""
+        L = len(self.text)
+        for n in range(min(self.max_ngram, L - 1), self.min_ngram - 1, -1):
+            start = self._next.get(tuple(self.text[L - n:]))
+            if start is not None:
+                return self.text[start:start + k]
+        return []
