@@ -56,3 +56,15 @@ def test_threshold_policy_has_hysteresis():
     assert seq == [6, 2, 2, 2, 6, 6]
     with pytest.raises(ValueError, match="adaptive policy"):
         make_policy("random", 4)
+
+
+def test_step_costs_freeze_after_warm_up():
+    c = StepCosts(freeze_after=3)
+    for _ in range(3):
+        c.add_target(1, 1.0)
+        c.add_draft(0.2)
+    assert c.frozen
+    before = (c.target(1), c.draft())
+    c.add_target(1, 100.0)
+    c.add_draft(50.0)
+    assert (c.target(1), c.draft()) == before

@@ -56,12 +56,15 @@ class StepCosts:
     (seconds for a target forward over S tokens per row), fitted by decayed least squares."""
 
     def __init__(self, decay: float = 0.9, draft_guess: float = 0.1, target_guess: float = 1.0,
-                 frozen: bool = False):
-        """frozen=True: keep the guesses (a known cost ratio), ignore measurements."""
-        self.decay, self.frozen = decay, frozen
+                 frozen: bool = False, freeze_after: Optional[int] = None):
+        """frozen=True: keep the guesses (a known cost ratio), ignore measurements.
+        freeze_after=N: stop learning once N target steps were measured (after warm-up), so
+        K choices do not swing with timing noise for the rest of the run."""
+        self.decay, self.frozen, self.freeze_after = decay, frozen, freeze_after
         self.draft_t, self.draft_w = draft_guess, 0.0
         # sums for the weighted linear fit t = a + b * S
         self._w = self._s = self._t = self._ss = self._st = 0.0
+        self._n = 0  # target steps measured
         self._guess = target_guess
 
     def add_draft(self, seconds_per_step: float) -> None:
@@ -79,6 +82,9 @@ class StepCosts:
         self._t = d * self._t + seconds
         self._ss = d * self._ss + tokens * tokens
         self._st = d * self._st + tokens * seconds
+        self._n += 1
+        if self.freeze_after is not None and self._n >= self.freeze_after:
+            self.frozen = True
 
     def target(self, tokens: int) -> float:
         if self._w == 0.0:

@@ -175,8 +175,8 @@ class SpeculativeEngine:
             costs = StepCosts(draft_guess=0.0, target_guess=1.0, frozen=True)
         elif seed is not None:  # reproducible: K must not follow measured timings
             costs = hinted_costs(self.target.step_cost_hint, self.draft.step_cost_hint) or StepCosts(frozen=True)
-        else:
-            costs = StepCosts()
+        else:  # measured over a warm-up, then frozen: K does not follow timing noise
+            costs = StepCosts(freeze_after=16)
         seed = int(torch.randint(0, 2**62, ()).item()) if seed is None else seed  # CPU generator: no sync
         pad = self.pad_token_id if self.pad_token_id is not None else (min(eos) if eos else 0)
         run = Run(ids, prompts, max_new_tokens, eos, pad, self._to_device(temps), bool((temps == 0).all()), seed,
