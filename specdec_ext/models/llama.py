@@ -456,3 +456,78 @@ class LlamaSpecModel(SpecModel):
         if self.cache is None:
             raise RuntimeError("LlamaSpecModel: call reset(batch_size, max_len) first")
         return self.cache
+
+
+# ---- benchmark helper ----------------------------------------------------------------
+_MATMUL_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::matmul")
+
+
+def step_profile(model: LlamaModel, tokens: int = 1, *, batch: int = 1, context: int = 64, iters: int = 50,
+                 threads: Optional[int] = 1, forward=None, print_result: bool = True) -> Dict[str, float]:
+    """Profile one decode step of ``tokens`` tokens per row after a ``context``-token prefill.
+
+    A benchmark, not a test: returns (and prints) ``forward_ms`` (mean wall time of a step,
+    profiler off), ``profiled_ms`` (mean step time under ``torch.profiler``), ``matmul_ms``
+    (mean summed self CPU time of aten::addmm / mm / bmm / linear / matmul per step),
+    ``ratio`` (= profiled_ms / matmul_ms), ``wall_ratio`` (= forward_ms / matmul_ms) and
+    ``ops`` (aten ops per step). Each step is rolled back, so every one sees the same
+    positions. ``threads`` sets ``torch.set_num_threads`` for the run (restored after);
+    ``forward`` replaces ``model.forward`` (e.g. a compiled step), default the model itself.
+    """
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    fwd = model if forward is None else forward
+    old_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, model.vocab_size, (batch, context), generator=gen).to(model.device)
+        step_ids = torch.randint(0, model.vocab_size, (batch, tokens), generator=gen).to(model.device)
+        cache = model.new_cache(batch, context + tokens + 1)
+        model(prompt, cache)
+        kept = torch.zeros(batch, dtype=torch.int64, device=model.device)
+
+        def one():
+            out = fwd(step_ids, cache)
+            cache.rollback(tokens, kept)
+            return out
+
+        for _ in range(5):  # warm up (and compile, if ``forward`` is compiled)
+            one()
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fwd(step_ids, cache)
+            times.append(time.perf_counter() - t0)
+            cache.rollback(tokens, kept)
+        times.sort()
+        forward_ms = 1e3 * sum(times[: max(1, len(times) // 2)]) / max(1, len(times) // 2)  # mean of the faster half
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(iters):
+                with torch.profiler.record_function("step_profile.step"):
+                    fwd(step_ids, cache)
+                cache.rollback(tokens, kept)
+        events = prof.key_averages()
+        step_us = sum(e.cpu_time_total for e in events if e.key == "step_profile.step")
+        matmul_us = sum(e.self_cpu_time_total for e in events if e.key in _MATMUL_OPS)
+        n_ops = sum(e.count for e in events if e.key.startswith("aten::"))
+        # ops counted during the steps only (rollbacks are outside the record_function but
+        # inside the profile: subtract their ops by profiling them alone)
+        with profile(activities=[ProfilerActivity.CPU]) as prof_rb:
+            for _ in range(iters):
+                cache.rollback(0, kept)
+        n_ops -= sum(e.count for e in prof_rb.key_averages() if e.key.startswith("aten::"))
+    finally:
+        torch.set_num_threads(old_threads)
+    res = {"forward_ms": forward_ms, "profiled_ms": step_us / 1e3 / iters, "matmul_ms": matmul_us / 1e3 / iters,
+           "ops": n_ops / iters}
+    res["ratio"] = res["profiled_ms"] / res["matmul_ms"]
+    res["wall_ratio"] = res["forward_ms"] / res["matmul_ms"]
+    if print_result:
+        print(f"tokens={tokens} batch={batch}: forward {res['forward_ms']:.3f} ms (profiled {res['profiled_ms']:.3f} ms), "
+              f"matmul {res['matmul_ms']:.3f} ms, ratio {res['ratio']:.2f} (wall {res['wall_ratio']:.2f}), "
+              f"{res['ops']:.0f} aten ops")
+    return res
