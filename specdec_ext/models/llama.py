@@ -262,6 +262,7 @@ class LlamaModel(nn.Module):
                 else:
                     p.normal_(0.0, 0.02)
         self._rope: Dict[Any, Any] = {}
+        self._compiled = None
 
     # Read from the weights, so that they stay right after ``model.to(...)``.
     @property
@@ -342,14 +343,39 @@ class LlamaModel(nn.Module):
         # One lookup for every layer: [B, S, 2, D] (cos, signed sin), cast once to the model dtype.
         cs = self._rope_tables(table_len)[positions].to(self.dtype)
         cos, sin = cs[:, :, 0:1], cs[:, :, 1:2]  # [B, S, 1, D]: broadcast over the heads
+        run = self._layers
+        if self._compiled is not None and isinstance(cache, ContiguousLlamaCache):
+            run = self._compiled
+        logits = run(input_ids, cos, sin, cache, step)
+        if cache is not None:
+            cache.finish(step)
+        return logits
+
+    def _layers(self, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: Optional[LlamaCache], step: Optional[LlamaCacheStep]) -> torch.Tensor:
+        """Embedding, decoder layers, final norm and lm_head: logits [B, S, V] (the part
+        :meth:`compile_decode` compiles)."""
+        B, S = input_ids.shape
         # Activations stay 2-D [B * S, hidden] between the layers: each linear is one BLAS call.
         x = F.embedding(input_ids.reshape(B * S), self.model.embed_tokens.weight)
         for i, layer in enumerate(self.model.layers):
             x = layer.forward(x, cos, sin, i, cache, step)
-        if cache is not None:
-            cache.finish(step)
         norm = self.model.norm
         return F.linear(_rms_norm(x, norm.weight, norm.eps), self.lm_head.weight).view(B, S, -1)
+
+    def compile_decode(self, enable: bool = True, **options: Any) -> "LlamaModel":
+        """Run the layers of every step on a contiguous cache through
+        ``torch.compile(dynamic=True, **options)`` (``enable=False``: back to eager). Returns self.
+
+        Only the tensor work is compiled (:meth:`_layers`: embedding, layers with their
+        ``kv_append_`` writes, lm_head); input checks, the cache's host bookkeeping, the RoPE
+        lookup and the mask stay eager. Steps without a cache or on a paged cache stay eager.
+        The first steps compile (seconds); ``dynamic=True`` keeps S, kv_len and B symbolic so
+        that later steps reuse the graph. Whether it pays depends on the device and the
+        model size: see :func:`step_profile` to measure.
+        """
+        self._compiled = torch.compile(self._layers, dynamic=True, **options) if enable else None
+        return self
 
     def _rope_tables(self, length: int) -> torch.Tensor:
         """Tensor [length', 2, head_dim] float32 on the model device (length' >= length):

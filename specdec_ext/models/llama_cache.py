@@ -58,7 +58,8 @@ class LlamaCacheStep:
     positions : Tensor [B, S] int64 on the cache device, ``lengths[b] + arange(S)``
     num_tokens: S
     kv_len    : keys attention reads this step (set by ``begin``)
-    mask      : Tensor [B, 1, S, kv_len] additive mask of the model dtype, one for every layer (set with kv_len)
+    mask      : Tensor [B, 1, S, kv_len] additive mask of the model dtype, one for every layer (set with
+                kv_len); None when every query sees every key (attention then takes no mask)
     """
 
     positions: torch.Tensor
@@ -110,7 +111,12 @@ class ContiguousLlamaCache:
         kv._check_capacity(num_tokens, "append")
         kv_len = int(kv._host.max()) + num_tokens
         pos = kv.lengths.view(-1, 1) + torch.arange(num_tokens, device=self.device, dtype=torch.int64)
-        mask = spec_attention_mask(kv.lengths, num_tokens, kv_len, self.dtype)
+        if num_tokens == 1 and self.batch_size == 1 and kv._pending is None:
+            # One token of one row with an exact host length: it sees all kv_len keys (the
+            # row's plus itself), so the mask would be all zeros. None skips building it.
+            mask = None
+        else:
+            mask = spec_attention_mask(kv.lengths, num_tokens, kv_len, self.dtype)
         return LlamaCacheStep(positions=pos, num_tokens=num_tokens, kv_len=kv_len, mask=mask)
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor,
