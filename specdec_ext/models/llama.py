@@ -5,8 +5,17 @@ of RMSNorm -> grouped-query attention with RoPE -> RMSNorm -> SwiGLU MLP, final 
 lm_head) whose attention runs on the package's KV caches (``kv_append_`` or
 ``paged_kv_append_`` + ``paged_kv_gather``), the speculative mask of
 :func:`~specdec_ext.spec_attention_mask` and ``torch.nn.functional.scaled_dot_product_attention``.
-Its parameter names are those of ``transformers.LlamaForCausalLM``, so a Hugging Face
+Its state-dict key names are those of ``transformers.LlamaForCausalLM``, so a Hugging Face
 checkpoint loads without renaming.
+
+A step is kept cheap on the host (per-op overhead dominates small models): Q / K / V and
+gate / up are each one fused ``nn.Linear`` built at load time (``state_dict`` / ``load_state_dict``
+/ :meth:`LlamaModel.load_hf_state_dict` still speak HF's separate names), activations stay
+2-D between layers (residual adds folded into ``addmm``), the RoPE cos / sin rows are looked up
+once per step for every layer and applied without slicing or ``cat`` (:func:`_rope`), the
+attention mask is built once per step (none for a single-token step of one row), RMSNorm is
+``F.rms_norm``. :meth:`LlamaModel.compile_decode` optionally runs the layers through
+``torch.compile``; :func:`step_profile` measures a step.
 
 Numerics follow ``LlamaForCausalLM``: RMSNorm statistics and the RoPE cos / sin tables are
 computed in float32 and cast to the model dtype. A float64 model therefore reproduces the
@@ -157,9 +166,9 @@ class LlamaAttention(_Fused):
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = F.linear(h, self.qkv_proj.weight, self.qkv_proj.bias)
         # RoPE on q and k together, in the projection's [B, S, heads, D] layout.
-        qk = _rope(qkv[..., :(H + Hkv) * D].view(B, S, H + Hkv, D), cos, sin)
-        q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
-        v = qkv[..., (H + Hkv) * D:].view(B, S, Hkv, D).transpose(1, 2)
+        qk = _rope(qkv.narrow(1, 0, (H + Hkv) * D).view(B, S, H + Hkv, D), cos, sin)
+        q, k = qk.narrow(2, 0, H).transpose(1, 2), qk.narrow(2, H, Hkv).transpose(1, 2)
+        v = qkv.narrow(1, (H + Hkv) * D, Hkv * D).view(B, S, Hkv, D).transpose(1, 2)
         if cache is None:  # whole sequences, no cache: plain causal attention
             keys, values, mask, causal = k, v, None, True
         else:
@@ -176,11 +185,9 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch
     RoPE pairs dimension i with i + D/2 (the HF "rotate half" layout, not interleaved):
     ``rotate_half(x) = cat(-x2, x1)``, so ``rotate_half(x) * sin = cat(x2, x1) * sin_signed``
     with ``sin_signed = cat(-sin1, sin2)`` (a sign flip is exact), and ``cat(x2, x1)`` is one
-    ``flip`` of the two halves. x [..., D]; cos, sin_signed broadcast to it.
+    ``roll`` by D/2. x [..., D]; cos, sin_signed broadcast to it.
     """
-    D = x.shape[-1]
-    swapped = x.unflatten(-1, (2, D // 2)).flip(-2).flatten(-2)
-    return x * cos + swapped * sin_signed
+    return x * cos + torch.roll(x, x.shape[-1] // 2, -1) * sin_signed
 
 
 class LlamaMLP(_Fused):
@@ -666,7 +673,7 @@ def step_profile(model: LlamaModel, tokens: int = 1, *, batch: int = 1, context:
     res["ratio"] = res["profiled_ms"] / res["matmul_ms"]
     res["wall_ratio"] = res["forward_ms"] / res["matmul_ms"]
     if print_result:
-        print(f"tokens={tokens} batch={batch}: forward {res['forward_ms']:.3f} ms (profiled {res['profiled_ms']:.3f} ms), "
-              f"matmul {res['matmul_ms']:.3f} ms, ratio {res['ratio']:.2f} (wall {res['wall_ratio']:.2f}), "
-              f"{res['ops']:.0f} aten ops")
+        print(f"tokens={tokens} batch={batch}: forward {res['profiled_ms']:.3f} ms, matmul {res['matmul_ms']:.3f} ms, "
+              f"ratio {res['ratio']:.2f} (profiled; wall-clock forward {res['forward_ms']:.3f} ms, ratio "
+              f"{res['wall_ratio']:.2f}; {res['ops']:.0f} aten ops)")
     return res
