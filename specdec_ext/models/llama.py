@@ -5,8 +5,17 @@ of RMSNorm -> grouped-query attention with RoPE -> RMSNorm -> SwiGLU MLP, final 
 lm_head) whose attention runs on the package's KV caches (``kv_append_`` or
 ``paged_kv_append_`` + ``paged_kv_gather``), the speculative mask of
 :func:`~specdec_ext.spec_attention_mask` and ``torch.nn.functional.scaled_dot_product_attention``.
-Its parameter names are those of ``transformers.LlamaForCausalLM``, so a Hugging Face
+Its state-dict key names are those of ``transformers.LlamaForCausalLM``, so a Hugging Face
 checkpoint loads without renaming.
+
+A step is kept cheap on the host (per-op overhead dominates small models): Q / K / V and
+gate / up are each one fused ``nn.Linear`` built at load time (``state_dict`` / ``load_state_dict``
+/ :meth:`LlamaModel.load_hf_state_dict` still speak HF's separate names), activations stay
+2-D between layers (residual adds folded into ``addmm``), the RoPE cos / sin rows are looked up
+once per step for every layer and applied without slicing or ``cat`` (:func:`_rope`), the
+attention mask is built once per step (none for a single-token step of one row), RMSNorm is
+``F.rms_norm``. :meth:`LlamaModel.compile_decode` optionally runs the layers through
+``torch.compile``; :func:`step_profile` measures a step.
 
 Numerics follow ``LlamaForCausalLM``: RMSNorm statistics and the RoPE cos / sin tables are
 computed in float32 and cast to the model dtype. A float64 model therefore reproduces the
@@ -28,7 +37,7 @@ from .base import SpecModel
 from .llama_cache import ContiguousLlamaCache, LlamaCacheStep, PagedLlamaCache
 from .llama_config import LlamaConfig
 
-__all__ = ["LlamaConfig", "LlamaModel", "LlamaSpecModel"]
+__all__ = ["LlamaConfig", "LlamaModel", "LlamaSpecModel", "step_profile"]
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 LlamaCache = Union[ContiguousLlamaCache, PagedLlamaCache]
@@ -38,6 +47,18 @@ def _check_dtype(dtype: torch.dtype) -> torch.dtype:
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be torch.float32, float64, float16 or bfloat16, got {dtype}")
     return dtype
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * (x / sqrt(mean(x^2) + eps))`` with HF's numerics: the statistics and the
+    normalised value in float32, cast to the model dtype, then scaled by ``weight``.
+
+    ``torch.nn.functional.rms_norm`` computes ``(x * rsqrt(mean(x^2) + eps)) * weight``: for a
+    float32 model that is HF's formula bit for bit, so the weight goes into the one call.
+    """
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return weight * F.rms_norm(x.to(torch.float32), (x.shape[-1],), None, eps).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -52,9 +73,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return _rms_norm(x, self.weight, self.eps)
+
+
+def _residual_linear(x: torch.Tensor, h: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """``x + linear(h)`` for 2-D x [N, out], h [N, in]: one ``addmm`` without a bias."""
+    if linear.bias is None:
+        return torch.addmm(x, h, linear.weight.t())
+    return x + F.linear(h, linear.weight, linear.bias)
 
 
 def _linear(n_in: int, n_out: int, bias: bool, dtype, device) -> nn.Linear:
@@ -63,55 +89,122 @@ def _linear(n_in: int, n_out: int, bias: bool, dtype, device) -> nn.Linear:
     return layer
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    # RoPE pairs dimension i with i + D/2 (the HF "rotate half" layout, not interleaved).
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+class _Fused(nn.Module):
+    """Base of the modules holding fused projections (one ``nn.Linear`` for several HF ones).
+
+    ``_parts`` lists (fused linear name, [(HF linear name, rows), ...]): the fused weight is
+    the HF weights stacked along the output dim, in that order (biases likewise). The
+    state-dict hooks keep the HF key names outside: :meth:`state_dict` yields the parts
+    (views of the fused tensors) and :meth:`load_state_dict` accepts them (and the fused keys).
+    """
+
+    _parts: Sequence = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_state_dict_post_hook(_Fused._split_state)
+        self.register_load_state_dict_pre_hook(_Fused._merge_state)
+
+    def hf_views(self) -> Dict[str, torch.Tensor]:
+        """HF-relative name (e.g. ``"q_proj.weight"``) -> view of the fused tensor holding it."""
+        out: Dict[str, torch.Tensor] = {}
+        for fused_name, parts in self._parts:
+            fused = getattr(self, fused_name)
+            for attr in ("weight", "bias"):
+                t = getattr(fused, attr)
+                if t is None:
+                    continue
+                start = 0
+                for name, rows in parts:
+                    out[f"{name}.{attr}"] = t.narrow(0, start, rows)
+                    start += rows
+        return out
+
+    @staticmethod
+    def _split_state(module, state_dict, prefix, local_metadata) -> None:
+        for fused_name, parts in module._parts:
+            for attr in ("weight", "bias"):
+                t = state_dict.pop(f"{prefix}{fused_name}.{attr}", None)
+                if t is None:
+                    continue
+                start = 0
+                for name, rows in parts:
+                    state_dict[f"{prefix}{name}.{attr}"] = t.narrow(0, start, rows)
+                    start += rows
+
+    @staticmethod
+    def _merge_state(module, state_dict, prefix, *args) -> None:
+        for fused_name, parts in module._parts:
+            for attr in ("weight", "bias"):
+                keys = [f"{prefix}{name}.{attr}" for name, _ in parts]
+                if all(k in state_dict for k in keys):
+                    state_dict[f"{prefix}{fused_name}.{attr}"] = torch.cat([state_dict.pop(k) for k in keys], 0)
 
 
-class LlamaAttention(nn.Module):
-    """Grouped-query self-attention with RoPE over a KV cache."""
+class LlamaAttention(_Fused):
+    """Grouped-query self-attention with RoPE over a KV cache.
+
+    Q, K and V come from one fused ``qkv_proj`` (rows: q, then k, then v); its state dict
+    keeps HF's ``q_proj`` / ``k_proj`` / ``v_proj`` names.
+    """
 
     def __init__(self, cfg: LlamaConfig, dtype, device) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.q_proj = _linear(cfg.hidden_size, q_out, cfg.attention_bias, dtype, device)
-        self.k_proj = _linear(cfg.hidden_size, kv_out, cfg.attention_bias, dtype, device)
-        self.v_proj = _linear(cfg.hidden_size, kv_out, cfg.attention_bias, dtype, device)
+        self.qkv_proj = _linear(cfg.hidden_size, q_out + 2 * kv_out, cfg.attention_bias, dtype, device)
         self.o_proj = _linear(q_out, cfg.hidden_size, cfg.attention_bias, dtype, device)
+        self._parts = (("qkv_proj", [("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)]),)
+        self.gqa = self.num_heads != self.num_kv_heads
+        self.scale = self.head_dim ** -0.5
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
+    def forward(self, x: torch.Tensor, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
                 cache: Optional[LlamaCache], step: Optional[LlamaCacheStep]) -> torch.Tensor:
-        """x [B, S, hidden]; cos, sin [B, 1, S, D] model dtype -> [B, S, hidden]."""
-        B, S, _ = x.shape
-        q = self.q_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        """x [B * S, hidden] (rows in (b, s) order); cos, sin_signed [B, S, 1, D] model dtype (see
+        :func:`_rope`) -> the attention output projected back, ``x + o_proj(attn)`` [B * S, hidden]."""
+        B, S = cos.shape[0], cos.shape[1]
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = F.linear(h, self.qkv_proj.weight, self.qkv_proj.bias)
+        # RoPE on q and k together, in the projection's [B, S, heads, D] layout.
+        qk = _rope(qkv.narrow(1, 0, (H + Hkv) * D).view(B, S, H + Hkv, D), cos, sin)
+        q, k = qk.narrow(2, 0, H).transpose(1, 2), qk.narrow(2, H, Hkv).transpose(1, 2)
+        v = qkv.narrow(1, (H + Hkv) * D, Hkv * D).view(B, S, Hkv, D).transpose(1, 2)
         if cache is None:  # whole sequences, no cache: plain causal attention
             keys, values, mask, causal = k, v, None, True
         else:
             keys, values = cache.append(layer, k, v, step)
             mask, causal = step.mask, False
-        gqa = self.num_heads != self.num_kv_heads
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
-                                             scale=self.head_dim ** -0.5, enable_gqa=gqa)
-        return self.o_proj(out.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
+                                             scale=self.scale, enable_gqa=self.gqa)
+        return _residual_linear(x, out.transpose(1, 2).reshape(B * S, H * D), self.o_proj)
 
 
-class LlamaMLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """HF's ``x * cos + rotate_half(x) * sin`` without slicing or ``cat``, bit for bit.
+
+    RoPE pairs dimension i with i + D/2 (the HF "rotate half" layout, not interleaved):
+    ``rotate_half(x) = cat(-x2, x1)``, so ``rotate_half(x) * sin = cat(x2, x1) * sin_signed``
+    with ``sin_signed = cat(-sin1, sin2)`` (a sign flip is exact), and ``cat(x2, x1)`` is one
+    ``roll`` by D/2. x [..., D]; cos, sin_signed broadcast to it.
+    """
+    return x * cos + torch.roll(x, x.shape[-1] // 2, -1) * sin_signed
+
+
+class LlamaMLP(_Fused):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``, gate and up as one fused ``gate_up_proj``
+    (state dict: HF's ``gate_proj`` / ``up_proj``)."""
 
     def __init__(self, cfg: LlamaConfig, dtype, device) -> None:
         super().__init__()
-        self.gate_proj = _linear(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, device)
-        self.up_proj = _linear(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, device)
-        self.down_proj = _linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, dtype, device)
+        inter = cfg.intermediate_size
+        self.gate_up_proj = _linear(cfg.hidden_size, 2 * inter, cfg.mlp_bias, dtype, device)
+        self.down_proj = _linear(inter, cfg.hidden_size, cfg.mlp_bias, dtype, device)
+        self._parts = (("gate_up_proj", [("gate_proj", inter), ("up_proj", inter)]),)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """x [N, hidden] residual, h [N, hidden] its normalised value -> ``x + mlp(h)``."""
+        gate, up = F.linear(h, self.gate_up_proj.weight, self.gate_up_proj.bias).chunk(2, dim=-1)
+        return _residual_linear(x, F.silu(gate) * up, self.down_proj)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -125,8 +218,11 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg, dtype, device)
 
     def forward(self, x, cos, sin, layer, cache, step):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache, step)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        """x [B * S, hidden] -> [B * S, hidden] (see :meth:`LlamaAttention.forward`)."""
+        # Submodules' forward called directly: no nn.Module.__call__ bookkeeping per call.
+        n1, n2 = self.input_layernorm, self.post_attention_layernorm
+        x = self.self_attn.forward(x, _rms_norm(x, n1.weight, n1.eps), cos, sin, layer, cache, step)
+        return self.mlp.forward(x, _rms_norm(x, n2.weight, n2.eps))
 
 
 class _Backbone(nn.Module):
@@ -173,6 +269,7 @@ class LlamaModel(nn.Module):
                 else:
                     p.normal_(0.0, 0.02)
         self._rope: Dict[Any, Any] = {}
+        self._compiled = None
 
     # Read from the weights, so that they stay right after ``model.to(...)``.
     @property
@@ -250,34 +347,65 @@ class LlamaModel(nn.Module):
             # the table lookup cannot fault on the device before the refusal.
             positions = step.positions.clamp(max=cache.max_len - 1)
             table_len = cache.max_len
-        cos_t, sin_t = self._rope_tables(table_len)
-        cos = cos_t[positions].to(self.dtype).unsqueeze(1)  # [B, 1, S, D]
-        sin = sin_t[positions].to(self.dtype).unsqueeze(1)
-        x = self.model.embed_tokens(input_ids)
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, i, cache, step)
+        # One lookup for every layer: [B, S, 2, D] (cos, signed sin), cast once to the model dtype.
+        cs = self._rope_tables(table_len)[positions].to(self.dtype)
+        cos, sin = cs[:, :, 0:1], cs[:, :, 1:2]  # [B, S, 1, D]: broadcast over the heads
+        run = self._layers
+        if self._compiled is not None and isinstance(cache, ContiguousLlamaCache):
+            run = self._compiled
+        logits = run(input_ids, cos, sin, cache, step)
         if cache is not None:
             cache.finish(step)
-        return self.lm_head(self.model.norm(x))
+        return logits
 
-    def _rope_tables(self, length: int):
-        """cos, sin Tensor [length', head_dim] float32 on the model device (length' >= length).
+    def _layers(self, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: Optional[LlamaCache], step: Optional[LlamaCacheStep]) -> torch.Tensor:
+        """Embedding, decoder layers, final norm and lm_head: logits [B, S, V] (the part
+        :meth:`compile_decode` compiles)."""
+        B, S = input_ids.shape
+        # Activations stay 2-D [B * S, hidden] between the layers: each linear is one BLAS call.
+        x = F.embedding(input_ids.reshape(B * S), self.model.embed_tokens.weight)
+        for i, layer in enumerate(self.model.layers):
+            x = layer.forward(x, cos, sin, i, cache, step)
+        norm = self.model.norm
+        return F.linear(_rms_norm(x, norm.weight, norm.eps), self.lm_head.weight).view(B, S, -1)
+
+    def compile_decode(self, enable: bool = True, **options: Any) -> "LlamaModel":
+        """Run the layers of every step on a contiguous cache through
+        ``torch.compile(dynamic=True, **options)`` (``enable=False``: back to eager). Returns self.
+
+        Only the tensor work is compiled (:meth:`_layers`: embedding, layers with their
+        ``kv_append_`` writes, lm_head); input checks, the cache's host bookkeeping, the RoPE
+        lookup and the mask stay eager. Steps without a cache or on a paged cache stay eager.
+        The first steps compile (seconds); ``dynamic=True`` keeps S, kv_len and B symbolic so
+        that later steps reuse the graph. Whether it pays depends on the device and the
+        model size: see :func:`step_profile` to measure.
+        """
+        self._compiled = torch.compile(self._layers, dynamic=True, **options) if enable else None
+        return self
+
+    def _rope_tables(self, length: int) -> torch.Tensor:
+        """Tensor [length', 2, head_dim] float32 on the model device (length' >= length):
+        ``[:, 0]`` cos, ``[:, 1]`` the sign-flipped sin of :func:`_rope` (``cat(-sin1, sin2)``).
 
         Built as HF does (float32 ``position * inv_freq``, duplicated halves, then cos / sin),
         rows in position order from 0 so that every entry is computed exactly as in the HF
-        table of a prompt starting at 0.
+        table of a prompt starting at 0. Cached until a longer one is needed.
         """
         key = (self.device, self.config.head_dim)
         cached = self._rope.get(key)
-        if cached is not None and cached[0].shape[0] >= length:
+        if cached is not None and cached.shape[0] >= length:
             return cached
         inv = self.config.inv_freq().to(self.device)
         pos = torch.arange(max(length, 1), device=self.device, dtype=torch.int64).to(torch.float32)
         freqs = pos[:, None] * inv[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        tables = (emb.cos(), emb.sin())
-        self._rope[key] = tables
-        return tables
+        sin = emb.sin()
+        half = sin.shape[-1] // 2
+        sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        table = torch.stack((emb.cos(), sin_signed), dim=1)
+        self._rope[key] = table
+        return table
 
     # ---- loading -----------------------------------------------------------------
     @classmethod
@@ -324,7 +452,7 @@ class LlamaModel(nn.Module):
         ``lm_head.weight``. Raises ``ValueError`` listing missing / unexpected keys, or
         naming the first key whose shape differs.
         """
-        params = dict(self.named_parameters())  # deduplicated: no lm_head.weight when tied
+        params = self._hf_tensors()
         given = {k: v for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq")}
         if self.config.tie_word_embeddings:
             given.pop("lm_head.weight", None)
@@ -346,6 +474,24 @@ class LlamaModel(nn.Module):
         with torch.no_grad():
             for name, p in params.items():
                 p.copy_(given[name].to(dtype=self.dtype))
+
+    def _hf_tensors(self) -> Dict[str, torch.Tensor]:
+        """HF parameter name -> the tensor holding it (a row block of a fused projection's
+        weight / bias, or a parameter itself); no ``lm_head.weight`` when tied."""
+        out: Dict[str, torch.Tensor] = {}
+        fused = set()
+        for mod_name, mod in self.named_modules():
+            if isinstance(mod, _Fused):
+                out.update((f"{mod_name}.{k}", v) for k, v in mod.hf_views().items())
+                fused.update(id(getattr(mod, name)) for name, _ in mod._parts)
+        for mod_name, mod in self.named_modules():
+            if id(mod) in fused:
+                continue
+            for name, p in mod.named_parameters(prefix=mod_name, recurse=False):
+                out.setdefault(name, p)
+        if self.config.tie_word_embeddings:
+            out.pop("lm_head.weight", None)
+        return out
 
 
 def _read_weights(path: str) -> Dict[str, torch.Tensor]:
@@ -456,3 +602,78 @@ class LlamaSpecModel(SpecModel):
         if self.cache is None:
             raise RuntimeError("LlamaSpecModel: call reset(batch_size, max_len) first")
         return self.cache
+
+
+# ---- benchmark helper ----------------------------------------------------------------
+_MATMUL_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::matmul")
+
+
+def step_profile(model: LlamaModel, tokens: int = 1, *, batch: int = 1, context: int = 64, iters: int = 50,
+                 threads: Optional[int] = 1, forward=None, print_result: bool = True) -> Dict[str, float]:
+    """Profile one decode step of ``tokens`` tokens per row after a ``context``-token prefill.
+
+    A benchmark, not a test: returns (and prints) ``forward_ms`` (mean wall time of a step,
+    profiler off), ``profiled_ms`` (mean step time under ``torch.profiler``), ``matmul_ms``
+    (mean summed self CPU time of aten::addmm / mm / bmm / linear / matmul per step),
+    ``ratio`` (= profiled_ms / matmul_ms), ``wall_ratio`` (= forward_ms / matmul_ms) and
+    ``ops`` (aten ops per step). Each step is rolled back, so every one sees the same
+    positions. ``threads`` sets ``torch.set_num_threads`` for the run (restored after);
+    ``forward`` replaces ``model.forward`` (e.g. a compiled step), default the model itself.
+    """
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    fwd = model if forward is None else forward
+    old_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, model.vocab_size, (batch, context), generator=gen).to(model.device)
+        step_ids = torch.randint(0, model.vocab_size, (batch, tokens), generator=gen).to(model.device)
+        cache = model.new_cache(batch, context + tokens + 1)
+        model(prompt, cache)
+        kept = torch.zeros(batch, dtype=torch.int64, device=model.device)
+
+        def one():
+            out = fwd(step_ids, cache)
+            cache.rollback(tokens, kept)
+            return out
+
+        for _ in range(5):  # warm up (and compile, if ``forward`` is compiled)
+            one()
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fwd(step_ids, cache)
+            times.append(time.perf_counter() - t0)
+            cache.rollback(tokens, kept)
+        times.sort()
+        forward_ms = 1e3 * sum(times[: max(1, len(times) // 2)]) / max(1, len(times) // 2)  # mean of the faster half
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(iters):
+                with torch.profiler.record_function("step_profile.step"):
+                    fwd(step_ids, cache)
+                cache.rollback(tokens, kept)
+        events = prof.key_averages()
+        step_us = sum(e.cpu_time_total for e in events if e.key == "step_profile.step")
+        matmul_us = sum(e.self_cpu_time_total for e in events if e.key in _MATMUL_OPS)
+        n_ops = sum(e.count for e in events if e.key.startswith("aten::"))
+        # ops counted during the steps only (rollbacks are outside the record_function but
+        # inside the profile: subtract their ops by profiling them alone)
+        with profile(activities=[ProfilerActivity.CPU]) as prof_rb:
+            for _ in range(iters):
+                cache.rollback(0, kept)
+        n_ops -= sum(e.count for e in prof_rb.key_averages() if e.key.startswith("aten::"))
+    finally:
+        torch.set_num_threads(old_threads)
+    res = {"forward_ms": forward_ms, "profiled_ms": step_us / 1e3 / iters, "matmul_ms": matmul_us / 1e3 / iters,
+           "ops": n_ops / iters}
+    res["ratio"] = res["profiled_ms"] / res["matmul_ms"]
+    res["wall_ratio"] = res["forward_ms"] / res["matmul_ms"]
+    if print_result:
+        print(f"tokens={tokens} batch={batch}: forward {res['profiled_ms']:.3f} ms, matmul {res['matmul_ms']:.3f} ms, "
+              f"ratio {res['ratio']:.2f} (profiled; wall-clock forward {res['forward_ms']:.3f} ms, ratio "
+              f"{res['wall_ratio']:.2f}; {res['ops']:.0f} aten ops)")
+    return res

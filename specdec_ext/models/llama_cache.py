@@ -28,6 +28,7 @@ import torch
 from ..cache import KVCache, PagedKVCache, spec_attention_mask
 from ..cache.block_manager import ceil_div
 from ..errors import CacheFullError, OutOfBlocksError
+from ..ops.kv import kv_append_
 
 __all__ = ["ContiguousLlamaCache", "PagedLlamaCache", "LlamaCacheStep"]
 
@@ -56,8 +57,9 @@ class LlamaCacheStep:
 
     positions : Tensor [B, S] int64 on the cache device, ``lengths[b] + arange(S)``
     num_tokens: S
-    kv_len    : keys attention reads this step (set by the first append)
-    mask      : Tensor [B, 1, S, kv_len] additive mask of the model dtype (set with kv_len)
+    kv_len    : keys attention reads this step (set by ``begin``)
+    mask      : Tensor [B, 1, S, kv_len] additive mask of the model dtype, one for every layer (set with
+                kv_len); None when every query sees every key (attention then takes no mask)
     """
 
     positions: torch.Tensor
@@ -81,6 +83,10 @@ class ContiguousLlamaCache:
         self.dtype = dtype
         self.kv = KVCache(num_layers, batch_size, num_kv_heads, store_dim, max_len, store_dtype, device)
         self.batch_size, self.max_len, self.device = batch_size, max_len, self.kv.device
+        # Per-layer views, built once: the storage-dtype ones kv_append_ writes, and the
+        # model-dtype ones attention reads (float64: the same bytes).
+        self._store = list(zip(self.kv.key_cache.unbind(0), self.kv.value_cache.unbind(0)))
+        self._read = [(_from_storage(k, dtype), _from_storage(v, dtype)) for k, v in self._store]
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -96,23 +102,32 @@ class ContiguousLlamaCache:
         self.kv.reset()
 
     def begin(self, num_tokens: int) -> LlamaCacheStep:
-        pos = self.kv.lengths.view(-1, 1) + torch.arange(num_tokens, device=self.device, dtype=torch.int64)
-        return LlamaCacheStep(positions=pos, num_tokens=num_tokens)
+        """Check capacity (``CacheFullError``, nothing written, when a row would pass
+        ``max_len``) and fix the step's ``kv_len`` and mask once for every layer."""
+        kv = self.kv
+        # The host checks of KVCache.append, once per step instead of once per layer. kv_len
+        # is fixed for the whole step: the host mirror may be refreshed (shrink) between
+        # layers after a device rollback, and every layer must match one mask.
+        kv._check_capacity(num_tokens, "append")
+        kv_len = int(kv._host.max()) + num_tokens
+        pos = kv.lengths.view(-1, 1) + torch.arange(num_tokens, device=self.device, dtype=torch.int64)
+        if num_tokens == 1 and self.batch_size == 1 and kv._pending is None:
+            # One token of one row with an exact host length: it sees all kv_len keys (the
+            # row's plus itself), so the mask would be all zeros. None skips building it.
+            mask = None
+        else:
+            mask = spec_attention_mask(kv.lengths, num_tokens, kv_len, self.dtype)
+        return LlamaCacheStep(positions=pos, num_tokens=num_tokens, kv_len=kv_len, mask=mask)
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor,
                step: LlamaCacheStep) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, Hkv, S, D] at each row's length; return keys / values [B, Hkv, kv_len, D].
-
-        Raises ``ValueError`` (nothing written) when a row would pass ``max_len``.
-        """
-        keys, _ = self.kv.append(layer, _to_storage(k, self.dtype), _to_storage(v, self.dtype))
-        if step.kv_len is None:
-            # Fixed for the whole step: the cache's host mirror may be refreshed (shrink) between
-            # layers after a device rollback, and every layer must match one mask.
-            step.kv_len = keys.shape[2]
-            step.mask = spec_attention_mask(self.kv.lengths, step.num_tokens, step.kv_len, self.dtype)
-        keys, values = self.kv.view(layer, step.kv_len)
-        return _from_storage(keys, self.dtype), _from_storage(values, self.dtype)
+        """Write k, v [B, Hkv, S, D] (any strides) at each row's length; return keys / values
+        [B, Hkv, kv_len, D] (views of the cache). Capacity was checked by :meth:`begin`."""
+        key_store, value_store = self._store[layer]
+        kv_append_(key_store, value_store, _to_storage(k, self.dtype), _to_storage(v, self.dtype),
+                   self.kv.lengths, overflow=self.kv.errors)
+        keys, values = self._read[layer]
+        return keys.narrow(2, 0, step.kv_len), values.narrow(2, 0, step.kv_len)
 
     def finish(self, step: LlamaCacheStep) -> None:
         self.kv.advance(step.num_tokens)
