@@ -105,6 +105,15 @@ class KVCache:
             kv_len = (int(self._host.max()) if self.batch_size else 0) + q_len
         return spec_attention_mask(self.lengths, q_len, kv_len, dtype or self.dtype)
 
+    def begin_step(self, num_tokens: int) -> Tuple[int, bool]:
+        """The host checks of :meth:`append`, once for a step whose layers each append
+        ``num_tokens`` tokens per row: raises :class:`~specdec_ext.errors.CacheFullError`
+        (nothing changes) when a row would pass ``max_len``. Returns ``(kv_len, exact)``:
+        the keys attention reads this step (max host length + num_tokens) and whether the
+        host lengths are exact (no device rollback pending)."""
+        self._check_capacity(check_int("num_tokens", num_tokens, 0), "append")
+        return (int(self._host.max()) if self.batch_size else 0) + num_tokens, self._pending is None
+
     # ---- writes ------------------------------------------------------------------
     def append(self, layer: int, new_k: torch.Tensor, new_v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Write ``new_k`` / ``new_v`` [B, H, S, D] at each row's current length in ``layer``.

@@ -25,6 +25,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
+from .._validate import check_int
 from ..cache import KVCache, PagedKVCache, spec_attention_mask
 from ..cache.block_manager import ceil_div
 from ..errors import CacheFullError, OutOfBlocksError
@@ -108,10 +109,9 @@ class ContiguousLlamaCache:
         # The host checks of KVCache.append, once per step instead of once per layer. kv_len
         # is fixed for the whole step: the host mirror may be refreshed (shrink) between
         # layers after a device rollback, and every layer must match one mask.
-        kv._check_capacity(num_tokens, "append")
-        kv_len = int(kv._host.max()) + num_tokens
+        kv_len, exact = kv.begin_step(num_tokens)
         pos = kv.lengths.view(-1, 1) + torch.arange(num_tokens, device=self.device, dtype=torch.int64)
-        if num_tokens == 1 and self.batch_size == 1 and kv._pending is None:
+        if num_tokens == 1 and self.batch_size == 1 and exact:
             # One token of one row with an exact host length: it sees all kv_len keys (the
             # row's plus itself), so the mask would be all zeros. None skips building it.
             mask = None
@@ -158,8 +158,7 @@ class PagedLlamaCache:
                  dtype: torch.dtype, device: Union[str, torch.device], block_size: int = 16,
                  num_blocks: Optional[int] = None) -> None:
         for name, value in (("batch_size", batch_size), ("max_len", max_len), ("block_size", block_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_int(name, value, 1)
         per_seq = -(-max_len // block_size)
         if num_blocks is None:
             num_blocks = batch_size * per_seq

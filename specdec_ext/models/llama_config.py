@@ -12,6 +12,8 @@ from typing import Any, Dict, Mapping, Optional
 
 import torch
 
+from .._validate import check_int
+
 __all__ = ["LlamaConfig", "SUPPORTED_ROPE_TYPES"]
 
 #: RoPE variants implemented by :func:`LlamaConfig.inv_freq`.
@@ -135,8 +137,7 @@ class LlamaConfig:
 
 
 def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"config {name} must be an int >= 1, got {value!r}")
+    check_int(f"config {name}", value, 1)
 
 
 _ROPE_KEYS = {"linear": ("factor",),
