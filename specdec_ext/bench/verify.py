@@ -190,7 +190,7 @@ def print_row(r, cold=False):
     def pct(x):
         return "-" if x is None else f"{x:.0f}%"
     line = (f"{r.get('op', 'verify'):6} {r['device']:4} {r['dtype']:5} {r['B']:>3} {r['K'] if r['K'] is not None else '-':>2} "
-            f"{r['V']:>6} {r['accept_rate'] if r['accept_rate'] is not None else float('nan'):>5.2f} | "
+            f"{r['V']:>6} {'-' if r['accept_rate'] is None else format(r['accept_rate'], '.2f'):>5} | "
             f"{fmt_t(r['fused_s']):>9} {fmt_t(r.get('fused_graph_s')):>9} {r['fused_gbps']:>7.1f} "
             f"{pct(r.get('pct_floor')):>6} | {fmt_t(r['torch_s']):>9} {sp(r['torch_s']):>6} | "
             f"{fmt_t(r['compile_s']):>9} {sp(r['compile_s']):>6} | {fmt_t(r['flashinfer_s']):>10} "
