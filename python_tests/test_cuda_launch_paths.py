@@ -22,7 +22,7 @@ def _inputs(B, K, V, dtype, seed, device="cuda"):
     q = torch.softmax(logits[:, :K].float() + 0.5 * torch.randn(B, K, V, generator=g), -1).to(dtype)
     ids = torch.multinomial(q.float().view(-1, V), 1, generator=g).view(B, K)
     temps = 0.3 + torch.rand(B, generator=g)
-    temps[::4] = 0.0
+    temps[1::4] = 0.0  # some greedy rows; row 0 (the only one at B = 1) is sampled
     return [t.to(device) for t in (logits, ids, q, temps)]
 
 

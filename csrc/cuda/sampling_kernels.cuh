@@ -323,7 +323,7 @@ __device__ RacePair chunk_coarse_race(const T* row, const TQ* q_row, QMode q_mod
     const int64_t v0 = t * kRaceTile + 4 * lane;
     // this tile's q and the next tile's logits are loaded together (the logits of
     // this tile are in flight since the previous iteration)
-    float q[4], xn[4];
+    float q[4], xn[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (q_row) {
       load4(q_row, v0, V, vec_q, 0.0f, q);
     } else {
