@@ -91,3 +91,30 @@ def test_verify_next_to_a_busy_side_stream_cuda():
     assert torch.equal(cpu.valid, res.valid.cpu())
     s_cpu = specdec_ext.sample(L[:, 0].cpu(), T.cpu(), seed=2)
     assert int((s_cpu != s.cpu()).sum()) <= MAX_MISMATCHED_ROWS
+
+
+def test_cooperative_launch_inside_graph_capture_cuda(monkeypatch):
+    """By default a capture records the per-stage launches; SPECDEC_CUDA_LAUNCH=cooperative
+    records the cooperative launch. Where the driver captures it, its replay must equal
+    the eager result bit for bit; where it cannot, the test says so (skip) so that the GPU
+    report shows whether the default may capture cooperative launches."""
+    L, D, Q, T = _inputs(4, 3, 5000, torch.float32, seed=8)
+    eager = specdec_ext.verify(L, D, Q, T, seed=5).tokens
+    monkeypatch.setenv("SPECDEC_CUDA_LAUNCH", "cooperative")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        specdec_ext.verify(L, D, Q, T, seed=5)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    out = {}
+    try:
+        with torch.cuda.graph(graph):
+            out["tokens"] = specdec_ext.verify(L, D, Q, T, seed=5).tokens
+    except RuntimeError as e:
+        torch.cuda.synchronize()
+        pytest.skip(f"cooperative launch not capturable here: {str(e).splitlines()[0][:200]}")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out["tokens"], eager)

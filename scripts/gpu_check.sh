@@ -106,11 +106,15 @@ def p(x):
     return "-" if x is None else f"{x:.0f}%"
 try:
     rows = json.load(open(os.path.join(out, "bench_verify.json")))["rows"]
-    print("| op | dtype | B | K | V | eager | graph | %floor | cold | %floor cold | torch | compile | flashinfer |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("eager = cooperative launch, eager stages = per-stage launches; graph = replay of the default capture "
+          "(per-stage launches), graph coop = replay of a captured cooperative launch\n")
+    print("| op | dtype | B | K | V | eager | eager stages | graph | graph coop | %floor | cold | %floor cold "
+          "| torch | compile | flashinfer |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r.get('op', 'verify')} | {r['dtype']} | {r['B']} | {r['K'] if r['K'] is not None else '-'} | {r['V']} | "
-              f"{t(r['fused_s'])} | {t(r.get('fused_graph_s'))} | {p(r.get('pct_floor'))} | {t(r.get('fused_cold_s'))} | "
+              f"{t(r['fused_s'])} | {t(r.get('fused_stages_s'))} | {t(r.get('fused_graph_s'))} | "
+              f"{t(r.get('fused_graph_coop_s'))} | {p(r.get('pct_floor'))} | {t(r.get('fused_cold_s'))} | "
               f"{p(r.get('pct_floor_cold'))} | {t(r['torch_s'])} | {t(r['compile_s'])} | {t(r['flashinfer_s'])} |")
     print(f"\ncopy bandwidth {rows[0]['copy_gbps']:.0f} GB/s (floor = minimal bytes / this)\n")
 except Exception as e:

@@ -10,7 +10,8 @@
 // capturable in a CUDA graph) when the device has no cooperative launch, the
 // kernel cannot be resident, the cooperative launch is refused (e.g.
 // cudaErrorCooperativeLaunchTooLarge when MPS or a green context gives us fewer
-// SMs than the device has), or SPECDEC_CUDA_LAUNCH=stages. Why not a "last block
+// SMs than the device has), while a CUDA graph is being captured (see
+// launch_path), or SPECDEC_CUDA_LAUNCH=stages. Why not a "last block
 // finishes" atomic ticket: it would hand a row's race to the one block that
 // finishes its stats last (serial at B = 1) or need a second ticket level; the
 // per-stage launches keep every stage fully parallel at the price of two more
@@ -18,7 +19,8 @@
 // run the same stage code, so they give bit-identical results (tested).
 // Cooperative first because it saves those launches at B = 1, where the op is
 // latency-bound. TO BE RE-MEASURED ON A GPU: eager and graph-replay time of
-// both paths (bench verify --launch), and that a cooperative launch next to a
+// both paths (bench verify JSON: fused_s / fused_stages_s eager, fused_graph_s /
+// fused_graph_coop_s graph replay), and that a cooperative launch next to a
 // busy side stream completes (test_cuda_launch_paths.py).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -66,11 +68,21 @@ Occupancy occupancy(const void* kernel, int device) {
   return cache[{kernel, device}] = o;
 }
 
-// SPECDEC_CUDA_LAUNCH=stages forces the per-stage launches (read per call, so a
-// test can compare both paths in one process); anything else: cooperative first.
-bool force_stage_launches() {
+// SPECDEC_CUDA_LAUNCH (read per call, so a test can compare the paths in one
+// process): "stages" = always the per-stage launches; "cooperative" = the
+// cooperative launch whenever possible, also inside a CUDA-graph capture;
+// unset / anything else = cooperative for eager calls, per-stage launches while
+// the stream is being captured (three plain kernel nodes are always capturable;
+// a cooperative launch refused inside a capture would invalidate the capture,
+// with no way back). To be re-measured on the GPU: graph replay of both.
+enum class LaunchPath { kCooperative, kStages };
+LaunchPath launch_path(cudaStream_t stream) {
   const char* env = std::getenv("SPECDEC_CUDA_LAUNCH");
-  return env && std::strcmp(env, "stages") == 0;
+  if (env && std::strcmp(env, "stages") == 0) return LaunchPath::kStages;
+  if (env && std::strcmp(env, "cooperative") == 0) return LaunchPath::kCooperative;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status == cudaStreamCaptureStatusNone ? LaunchPath::kCooperative : LaunchPath::kStages;
 }
 
 // Chunking of stage 2 (stage 1 and 3 split by warps, independent of C): items
@@ -126,7 +138,7 @@ void launch_stages(Kernel kernel, int64_t B, int64_t positions, int64_t V, const
   // blocks each stage can use
   const int64_t g[kStages] = {(rows * W.stat_blocks + warps - 1) / warps, B * W.chunks, (B + warps - 1) / warps};
   const auto to_dim = [](int64_t n) { return dim3(static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(n, INT32_MAX)))); };
-  if (occ.coop && occ.per_sm > 0 && !force_stage_launches()) {
+  if (occ.coop && occ.per_sm > 0 && launch_path(stream) == LaunchPath::kCooperative) {
     const int64_t grid = std::min(max_grid, std::max({g[0], g[1], g[2]}));
     int stage = kAllStages;
     void* args[] = {static_cast<void*>(&P), static_cast<void*>(&W), static_cast<void*>(&stage)};

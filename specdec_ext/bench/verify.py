@@ -20,7 +20,9 @@ caches, as when the op is interleaved with other work; both warm and cold are re
 multinomial in PyTorch (eager and compiled) and FlashInfer's sampling_from_logits.
 """
 import argparse
+import contextlib
 import json
+import os
 import sys
 
 import torch
@@ -110,14 +112,39 @@ def flashinfer_sample_fn(logits):
     return run
 
 
+@contextlib.contextmanager
+def launch_path(path):
+    """SPECDEC_CUDA_LAUNCH for the calls inside (csrc/cuda/sampling_cuda.cu): "cooperative",
+    "stages", or None = the default (cooperative eagerly, per-stage launches under capture)."""
+    old = os.environ.get("SPECDEC_CUDA_LAUNCH")
+    if path is None:
+        os.environ.pop("SPECDEC_CUDA_LAUNCH", None)
+    else:
+        os.environ["SPECDEC_CUDA_LAUNCH"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SPECDEC_CUDA_LAUNCH", None)
+        else:
+            os.environ["SPECDEC_CUDA_LAUNCH"] = old
+
+
 def _measure(device, fns, nbytes, peak, cold, flush):
-    """Times of {name: fn or None}: eager (and cold), graph replay for the fused op on CUDA."""
+    """Times of {name: fn or None}: eager (and cold), graph replay for the fused op on CUDA;
+    on CUDA also the other launch path of each mode (JSON only: fused_stages_s = eager
+    per-stage launches, fused_graph_coop_s = graph replay of the cooperative launch)."""
     out = {}
     for name, fn in fns.items():
         out[f"{name}_s"] = time_call(fn, device) if fn else None
         if cold:
             out[f"{name}_cold_s"] = time_call(fn, device, flush=flush, min_reps=5, max_reps=100) if fn else None
     out["fused_graph_s"] = time_graph(fns["fused"]) if device == "cuda" else None
+    if device == "cuda":
+        with launch_path("stages"):
+            out["fused_stages_s"] = time_call(fns["fused"], device)
+        with launch_path("cooperative"):
+            out["fused_graph_coop_s"] = time_graph(fns["fused"])
     best = out["fused_graph_s"] or out["fused_s"]
     out["floor_bytes"] = nbytes
     out["floor_s"] = nbytes / (peak * 1e9) if peak else None
