@@ -21,6 +21,16 @@ def verify_targets(rows):
     """The issue's targets, evaluated on what was measured (not asserted)."""
     out = []
     for r in rows:
+        if r.get("op", "verify") == "sample":
+            out += sample_targets(r)
+            continue
+        if r["device"] == "cpu" and (r["dtype"], r["B"], r["K"], r["V"]) == ("fp32", 8, 5, 128256) \
+                and r.get("torch_cold_s") and r.get("fused_cold_s"):
+            out.append(("CPU B=8 K=5 V=128256 fp32, cold caches (interleaved with other work): fused >= 10x plain PyTorch",
+                        r["torch_cold_s"] / r["fused_cold_s"] >= 10, f"{r['torch_cold_s'] / r['fused_cold_s']:.1f}x"))
+        if r["device"] == "cuda" and (r["B"], r["K"], r["V"]) == (64, 5, 128256) and r.get("pct_floor"):
+            out.append((f"GPU {r['dtype']} B=64 K=5 V=128256: >= 80% of the HBM floor (graph replay, logits + q read once)",
+                        r["pct_floor"] >= 80, f"{r['pct_floor']:.0f}%"))
         if r["device"] == "cpu" and (r["dtype"], r["B"], r["K"], r["V"]) == ("fp32", 8, 5, 128256):
             out.append(("CPU B=8 K=5 V=128256 fp32: fused >= 10x plain PyTorch",
                         r["torch_s"] / r["fused_s"] >= 10, f"{r['torch_s'] / r['fused_s']:.1f}x"))
@@ -36,6 +46,21 @@ def verify_targets(rows):
         if r["device"] == "cuda" and r["compile_s"] and (r["B"], r["K"], r["V"]) == (64, 5, 128256):
             out.append((f"GPU {r['dtype']} B=64: >= 3x torch.compile", r["compile_s"] >= 3 * r["fused_s"],
                         f"{r['compile_s'] / r['fused_s']:.1f}x"))
+    return out
+
+
+def sample_targets(r):
+    """Targets of the sample op rows (`bench verify --sample`)."""
+    out = []
+    if r["device"] == "cuda" and (r["B"], r["V"]) == (64, 128256) and r.get("pct_floor"):
+        out.append((f"GPU sample {r['dtype']} B=64 V=128256: >= 70% of the HBM floor (graph replay)",
+                    r["pct_floor"] >= 70, f"{r['pct_floor']:.0f}%"))
+    if r["device"] == "cuda" and (r["B"], r["V"]) == (1, 128256) and r.get("fused_graph_s"):
+        out.append((f"GPU sample {r['dtype']} B=1 V=128256: <= 10 us device time per call (graph replay)",
+                    r["fused_graph_s"] <= 10e-6, fmt_t(r["fused_graph_s"])))
+    if (r["B"], r["V"]) == (64, 128256) and r["dtype"] == "fp32" and r.get("compile_s"):
+        out.append((f"{r['device']} sample fp32 B=64: faster than torch.compile (softmax + multinomial)",
+                    r["compile_s"] > r["fused_s"], f"{r['compile_s'] / r['fused_s']:.1f}x"))
     return out
 
 

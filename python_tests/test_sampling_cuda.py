@@ -16,22 +16,61 @@ def _inputs(B, K, V, dtype, seed):
     return logits, ids, q
 
 
+#: rows allowed to differ between the CPU and CUDA kernels: both draw the same Philox
+#: numbers, but float sums are taken in different orders, so a near-tie (a ratio test
+#: u * q * s vs e, or two race keys) can flip. An explicit count, not a ratio.
+MAX_MISMATCHED_ROWS = 2
+
+
+def _mismatches(a, b):
+    """Number of rows (dim 0) where a and b differ anywhere."""
+    a, b = a.cpu(), b.cpu()
+    return int((a != b).reshape(a.shape[0], -1).any(1).sum().item())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("B,K,V", [(1, 5, 128256), (64, 3, 32000), (500, 4, 1000), (7, 0, 151936)])
+@pytest.mark.parametrize("B,K,V", [(1, 5, 128256), (64, 3, 32000), (500, 4, 1000), (7, 0, 151936), (33, 2, 301)])
 def test_cpu_cuda_agree_cuda(B, K, V, dtype):
     """Same Philox numbers on both devices: rows agree except where float rounding
-    flips a decision (>= 99% of rows)."""
+    flips a decision (at most MAX_MISMATCHED_ROWS rows). V = 301 takes the scalar
+    (unaligned) load path of the CUDA kernels."""
     L, D, Q = _inputs(B, K, V, dtype, seed=B + K)
     temps = torch.rand(B, generator=torch.Generator().manual_seed(1)) * 1.5
     temps[::5] = 0.0  # some greedy rows
     cpu = specdec_ext.verify(L, D, Q, temps, seed=77, offset=5)
     gpu = specdec_ext.verify(L.cuda(), D.cuda(), Q.cuda(), temps.cuda(), seed=77, offset=5)
-    agree = (cpu.tokens == gpu.tokens.cpu()).all(1).float().mean().item()
-    assert agree >= 0.99, agree
+    assert _mismatches(cpu.tokens, gpu.tokens) <= MAX_MISMATCHED_ROWS
     assert torch.equal(cpu.valid, gpu.valid.cpu())
     s_cpu = specdec_ext.sample(L[:, 0], temps, seed=3)
     s_gpu = specdec_ext.sample(L[:, 0].cuda(), temps.cuda(), seed=3)
-    assert (s_cpu == s_gpu.cpu()).float().mean().item() >= 0.99
+    assert _mismatches(s_cpu, s_gpu) <= MAX_MISMATCHED_ROWS
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_cuda_agree_sampled_large_vocab_cuda(dtype):
+    """256 SAMPLED rows (T > 0, no greedy row) at V = 128256, verify with dense q and
+    with one-hot drafts, and sample with probs_out: at most MAX_MISMATCHED_ROWS of the
+    256 rows may differ; probs_out matches the CPU's to float rounding."""
+    B, K, V = 256, 2, 128256
+    L, D, Q = _inputs(B, K, V, dtype, seed=11)
+    temps = 0.5 + torch.rand(B, generator=torch.Generator().manual_seed(2))  # [0.5, 1.5): all sampled
+    Lc, Dc, Qc, Tc = L.cuda(), D.cuda(), Q.cuda(), temps.cuda()
+    for q_cpu, q_gpu in ((Q, Qc), (None, None)):
+        cpu = specdec_ext.verify(L, D, q_cpu, temps, seed=123, offset=9)
+        gpu = specdec_ext.verify(Lc, Dc, q_gpu, Tc, seed=123, offset=9)
+        assert bool(cpu.valid.all()) and torch.equal(cpu.valid, gpu.valid.cpu())
+        n = _mismatches(cpu.tokens, gpu.tokens)
+        assert n <= MAX_MISMATCHED_ROWS, f"{n} of {B} rows differ (q={'dense' if q_cpu is not None else 'one-hot'})"
+        # the tokens are sampled, not all argmaxes: the race really ran
+        j = cpu.num_accepted
+        last = cpu.tokens.gather(1, j.unsqueeze(1)).squeeze(1)
+        assert (last != L[torch.arange(B), j].float().argmax(-1)).any()
+    p_cpu = torch.empty(B, V)
+    p_gpu = torch.empty(B, V, device="cuda")
+    s_cpu = specdec_ext.sample(L[:, 0], temps, seed=5, probs_out=p_cpu)
+    s_gpu = specdec_ext.sample(Lc[:, 0], Tc, seed=5, probs_out=p_gpu)
+    assert _mismatches(s_cpu, s_gpu) <= MAX_MISMATCHED_ROWS
+    torch.testing.assert_close(p_gpu.cpu(), p_cpu, rtol=1e-4, atol=1e-7)
 
 
 def test_invalid_rows_cuda():

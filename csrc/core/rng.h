@@ -77,12 +77,19 @@ SPECDEC_HD float accept_uniform(const RowRng& rng, uint32_t position) {
   return uniform_open01(rng.block(kStreamAcceptUniform, position, 0).x[0]);
 }
 
+// Word k (0..3) of a Philox block, chosen by selects: a run-time index into
+// r.x would put the array in (slow) local memory on the GPU.
+SPECDEC_HD uint32_t philox_word(const Philox4& r, int64_t k) {
+  const uint32_t lo = (k & 1) ? r.x[1] : r.x[0], hi = (k & 1) ? r.x[3] : r.x[2];
+  return (k & 2) ? hi : lo;
+}
+
 // The exponential of entry v (a token, or a tile of the coarse race) for a race
 // at `position` on `stream`.
 SPECDEC_HD float race_exponential(const RowRng& rng, uint32_t stream, uint32_t position,
                                   int64_t v) {
   const Philox4 r = rng.block(stream, position, static_cast<uint32_t>(v >> 2));
-  return exponential_from_bits(r.x[v & 3]);
+  return exponential_from_bits(philox_word(r, v & 3));
 }
 
 }  // namespace specdec

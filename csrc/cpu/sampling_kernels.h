@@ -4,8 +4,9 @@
 // sampling_kernels_avx2.cpp) with CPU_CAPABILITY set, so at::vec picks its
 // vector width and everything here lands in a namespace of that name (no ODR
 // clash between the two copies). Rows are independent: at::parallel_for splits
-// the batch, and each row is processed by one thread in a fixed order, so a
-// row's result depends only on its own inputs, seed and offset.
+// the batch (rows pulled from a shared counter: for_each_row), and each row is
+// processed by one thread in a fixed order, so a row's result depends only on
+// its own inputs, seed and offset.
 //
 // Work per row: positions are visited in order and stop at the first
 // rejection (the ratio test needs the full softmax stats of the position, the
@@ -19,6 +20,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -223,103 +225,119 @@ inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, QMod
   return true;
 }
 
+// Rows to threads: every worker pulls the next row from a shared counter. Rows
+// cost very different amounts (a row rejected at position 0 needs ~2 exp passes,
+// one that accepts all K drafts K + 2), so a static split of B rows leaves one
+// thread idle while the other still has work. A row is still processed by one
+// thread in a fixed order, so its result does not depend on the schedule.
+template <typename Fn>
+inline void for_each_row(int64_t B, Fn&& fn) {
+  const int64_t workers = std::min<int64_t>(B, at::get_num_threads());
+  if (workers <= 1 || at::in_parallel_region()) {
+    for (int64_t b = 0; b < B; ++b) fn(b);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t b = next.fetch_add(1, std::memory_order_relaxed); b < B;
+         b = next.fetch_add(1, std::memory_order_relaxed))
+      fn(b);
+  });
+}
+
 template <typename TL, typename TQ>
 void verify_rows(const VerifyParams& P) {
-  at::parallel_for(0, P.B, 1, [&](int64_t b_begin, int64_t b_end) {
-    for (int64_t b = b_begin; b < b_end; ++b) {
-      const int64_t K = P.K, V = P.V;
-      int64_t* tokens = P.tokens + b * (K + 1);
-      for (int64_t i = 0; i <= K; ++i) tokens[i] = -1;
-      P.num_accepted[b] = 0;
-      P.valid[b] = false;
+  for_each_row(P.B, [&](int64_t b) {
+    const int64_t K = P.K, V = P.V;
+    int64_t* tokens = P.tokens + b * (K + 1);
+    for (int64_t i = 0; i <= K; ++i) tokens[i] = -1;
+    P.num_accepted[b] = 0;
+    P.valid[b] = false;
 
-      const float temperature = P.temperature.get(b);
-      if (!valid_temperature(temperature)) continue;
-      const int64_t* draft = P.draft_ids + b * K;
-      bool ok = true;
-      for (int64_t i = 0; i < K; ++i) ok = ok && draft[i] >= 0 && draft[i] < V;
-      if (!ok) continue;
+    const float temperature = P.temperature.get(b);
+    if (!valid_temperature(temperature)) return;
+    const int64_t* draft = P.draft_ids + b * K;
+    bool ok = true;
+    for (int64_t i = 0; i < K; ++i) ok = ok && draft[i] >= 0 && draft[i] < V;
+    if (!ok) return;
 
-      const bool greedy = temperature == 0.0f;
-      const float inv_t = greedy ? 1.0f : 1.0f / temperature;
-      const RowRng rng = make_row_rng(P.rnd, b);
-      const TL* logits = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
-      const TQ* probs = P.draft_probs ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b
-                                      : nullptr;
+    const bool greedy = temperature == 0.0f;
+    const float inv_t = greedy ? 1.0f : 1.0f / temperature;
+    const RowRng rng = make_row_rng(P.rnd, b);
+    const TL* logits = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
+    const TQ* probs = P.draft_probs ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b
+                                    : nullptr;
 
-      int64_t j = -1;  // first rejected position (K = all accepted); -1 while undecided
-      int64_t token = -1;
-      for (int64_t i = 0; i <= K && ok; ++i) {
-        const TL* row = logits + i * P.logits_stride_k;
-        float m;
-        int64_t arg;
-        row_max(row, V, greedy && j < 0, m, arg);
-        if (j >= 0) {  // decided already: only NaN / +inf matter here
-          ok = !(m != m || m == std::numeric_limits<float>::infinity());
-          continue;
-        }
-        if (!usable_max(m)) { ok = false; break; }
-        if (greedy) {
-          if (i == K || draft[i] != arg) { j = i; token = arg; }
-          continue;
-        }
-        const SoftmaxStats st{m, row_sum_exp(row, V, inv_t, m)};
-        bool accepted = false;
-        if (i < K) {
-          const int64_t x = draft[i];
-          const float q_x = probs ? static_cast<float>(probs[i * P.probs_stride_k + x]) : 1.0f;
-          if (bad_prob(q_x)) { ok = false; break; }
-          const float e_x = shifted_exp(static_cast<float>(row[x]), st.max, inv_t);
-          accepted = ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, st.sum, e_x);
-        }
-        if (accepted) continue;
-        j = i;
-        const QMode q_mode = q_mode_at(i, K, probs != nullptr);
-        const TQ* q_row = probs ? probs + i * P.probs_stride_k : nullptr;
-        const int64_t x = i < K ? draft[i] : -1;
-        ok = race_row(row, V, inv_t, st, q_mode, q_row, x, rng, kStreamVerifyTile, kStreamVerifyRace,
-                      static_cast<uint32_t>(i), static_cast<float*>(nullptr), token);
+    int64_t j = -1;  // first rejected position (K = all accepted); -1 while undecided
+    int64_t token = -1;
+    for (int64_t i = 0; i <= K && ok; ++i) {
+      const TL* row = logits + i * P.logits_stride_k;
+      float m;
+      int64_t arg;
+      row_max(row, V, greedy && j < 0, m, arg);
+      if (j >= 0) {  // decided already: only NaN / +inf matter here
+        ok = !(m != m || m == std::numeric_limits<float>::infinity());
+        continue;
       }
-      if (!ok) continue;
-      for (int64_t i = 0; i < j; ++i) tokens[i] = draft[i];
-      tokens[j] = token;
-      P.num_accepted[b] = j;
-      P.valid[b] = true;
+      if (!usable_max(m)) { ok = false; break; }
+      if (greedy) {
+        if (i == K || draft[i] != arg) { j = i; token = arg; }
+        continue;
+      }
+      const SoftmaxStats st{m, row_sum_exp(row, V, inv_t, m)};
+      bool accepted = false;
+      if (i < K) {
+        const int64_t x = draft[i];
+        const float q_x = probs ? static_cast<float>(probs[i * P.probs_stride_k + x]) : 1.0f;
+        if (bad_prob(q_x)) { ok = false; break; }
+        const float e_x = shifted_exp(static_cast<float>(row[x]), st.max, inv_t);
+        accepted = ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, st.sum, e_x);
+      }
+      if (accepted) continue;
+      j = i;
+      const QMode q_mode = q_mode_at(i, K, probs != nullptr);
+      const TQ* q_row = probs ? probs + i * P.probs_stride_k : nullptr;
+      const int64_t x = i < K ? draft[i] : -1;
+      ok = race_row(row, V, inv_t, st, q_mode, q_row, x, rng, kStreamVerifyTile, kStreamVerifyRace,
+                    static_cast<uint32_t>(i), static_cast<float*>(nullptr), token);
     }
+    if (!ok) return;
+    for (int64_t i = 0; i < j; ++i) tokens[i] = draft[i];
+    tokens[j] = token;
+    P.num_accepted[b] = j;
+    P.valid[b] = true;
   });
 }
 
 template <typename TL>
 void sample_rows(const SampleParams& P) {
-  at::parallel_for(0, P.B, 1, [&](int64_t b_begin, int64_t b_end) {
-    for (int64_t b = b_begin; b < b_end; ++b) {
-      const int64_t V = P.V;
-      const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
-      float* probs = P.probs_out ? P.probs_out + b * P.probs_stride_b : nullptr;
-      P.tokens[b] = -1;
-      const float temperature = P.temperature.get(b);
-      float m;
-      int64_t arg;
-      const bool greedy = temperature == 0.0f;
-      row_max(row, V, greedy, m, arg);
-      if (!valid_temperature(temperature) || !usable_max(m)) {  // invalid row: token -1, probs 0
-        if (probs) std::fill(probs, probs + V, 0.0f);
-        continue;
-      }
-      if (greedy) {
-        P.tokens[b] = arg;
-        if (probs) {
-          std::fill(probs, probs + V, 0.0f);
-          probs[arg] = 1.0f;
-        }
-        continue;
-      }
-      const float inv_t = 1.0f / temperature;
-      const RowRng rng = make_row_rng(P.rnd, b);
-      const SoftmaxStats st{m, row_sum_exp(row, V, inv_t, m)};
-      race_row<TL, float>(row, V, inv_t, st, QMode::kNone, nullptr, -1, rng, kStreamSampleTile, kStreamSampleRace, 0,
-                          probs, P.tokens[b]);
+  for_each_row(P.B, [&](int64_t b) {
+    const int64_t V = P.V;
+    const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
+    float* probs = P.probs_out ? P.probs_out + b * P.probs_stride_b : nullptr;
+    P.tokens[b] = -1;
+    const float temperature = P.temperature.get(b);
+    float m;
+    int64_t arg;
+    const bool greedy = temperature == 0.0f;
+    row_max(row, V, greedy, m, arg);
+    if (!valid_temperature(temperature) || !usable_max(m)) {  // invalid row: token -1, probs 0
+      if (probs) std::fill(probs, probs + V, 0.0f);
+      return;
     }
+    if (greedy) {
+      P.tokens[b] = arg;
+      if (probs) {
+        std::fill(probs, probs + V, 0.0f);
+        probs[arg] = 1.0f;
+      }
+      return;
+    }
+    const float inv_t = 1.0f / temperature;
+    const RowRng rng = make_row_rng(P.rnd, b);
+    const SoftmaxStats st{m, row_sum_exp(row, V, inv_t, m)};
+    race_row<TL, float>(row, V, inv_t, st, QMode::kNone, nullptr, -1, rng, kStreamSampleTile, kStreamSampleRace, 0,
+                        probs, P.tokens[b]);
   });
 }
 

@@ -1,6 +1,27 @@
 // CUDA launchers of specdec::verify and specdec::sample: shared argument
 // handling (sampling_args.cpp), a small workspace from torch's caching
-// allocator, and ONE cooperative kernel launch per call; no host sync.
+// allocator, the load width per tensor, and the launch; no host sync.
+//
+// Launch path (issue #12, "no whole-GPU requirement"). The kernels have three
+// stages with a grid-wide dependency between them. Default: ONE cooperative
+// launch (grid.sync between the stages), its grid capped at the co-resident
+// limit from the occupancy query. Fallback: one ordinary launch per stage on the
+// same stream (stream order is the barrier; still one op call, no host sync,
+// capturable in a CUDA graph) when the device has no cooperative launch, the
+// kernel cannot be resident, the cooperative launch is refused (e.g.
+// cudaErrorCooperativeLaunchTooLarge when MPS or a green context gives us fewer
+// SMs than the device has), while a CUDA graph is being captured (see
+// launch_path), or SPECDEC_CUDA_LAUNCH=stages. Why not a "last block
+// finishes" atomic ticket: it would hand a row's race to the one block that
+// finishes its stats last (serial at B = 1) or need a second ticket level; the
+// per-stage launches keep every stage fully parallel at the price of two more
+// launches (~2-4 us each eagerly, far less under graph replay), and both paths
+// run the same stage code, so they give bit-identical results (tested).
+// Cooperative first because it saves those launches at B = 1, where the op is
+// latency-bound. TO BE RE-MEASURED ON A GPU: eager and graph-replay time of
+// both paths (bench verify JSON: fused_s / fused_stages_s eager, fused_graph_s /
+// fused_graph_coop_s graph replay), and that a cooperative launch next to a
+// busy side stream completes (test_cuda_launch_paths.py).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
@@ -9,6 +30,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -20,37 +43,58 @@
 namespace specdec::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kMinChunk = 4 * kThreads;  // tokens per work item at least
-static_assert(kMinChunk % kStatBlock == 0, "chunks hold whole stat blocks");
+constexpr int kThreads = kBlockThreads;
+static_assert(kThreads % 32 == 0, "whole warps");
 
-// Largest grid that can be co-resident (a requirement of grid.sync), per
-// kernel instantiation and device; queried once (no sync involved).
-int max_coresident_blocks(const void* kernel, int device) {
-  static std::map<std::pair<const void*, int>, int> cache;
+struct Occupancy {
+  int per_sm = 0;   // resident blocks per SM at kThreads (occupancy query)
+  int sms = 0;
+  bool coop = false;  // the device supports cooperative launches
+};
+
+// Per kernel instantiation and device; queried once (no sync involved).
+Occupancy occupancy(const void* kernel, int device) {
+  static std::map<std::pair<const void*, int>, Occupancy> cache;
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find({kernel, device});
   if (it != cache.end()) return it->second;
-  int per_sm = 0, sms = 0, coop = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  Occupancy o;
+  int coop = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.per_sm, kernel, kThreads, 0));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&o.sms, cudaDevAttrMultiProcessorCount, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device));
-  TORCH_CHECK(coop, "specdec: device ", device, " does not support cooperative launches");
-  TORCH_CHECK(per_sm > 0, "specdec: kernel cannot be resident with ", kThreads, " threads per block");
-  return cache[{kernel, device}] = per_sm * sms;
+  o.coop = coop != 0;
+  return cache[{kernel, device}] = o;
 }
 
-// Split V into C chunks so that rows * C work items fill the grid, with at
-// least kMinChunk tokens per item. Chunk length is a multiple of kStatBlock (and
-// so of kRaceTile): stat blocks and race tiles never straddle two chunks, and C
-// only decides who does which work, never the result.
-void choose_chunks(int64_t rows, int64_t V, int64_t max_grid, Workspace& W) {
-  const int64_t want = std::max<int64_t>(1, (2 * max_grid + rows - 1) / rows);
-  const int64_t cap = std::max<int64_t>(1, (V + kMinChunk - 1) / kMinChunk);
-  const int64_t C = std::min(want, cap);
-  W.chunk_len = ((V + C - 1) / C + kStatBlock - 1) / kStatBlock * kStatBlock;
+// SPECDEC_CUDA_LAUNCH (read per call, so a test can compare the paths in one
+// process): "stages" = always the per-stage launches; "cooperative" = the
+// cooperative launch whenever possible, also inside a CUDA-graph capture;
+// unset / anything else = cooperative for eager calls, per-stage launches while
+// the stream is being captured (three plain kernel nodes are always capturable;
+// a cooperative launch refused inside a capture would invalidate the capture,
+// with no way back). To be re-measured on the GPU: graph replay of both.
+enum class LaunchPath { kCooperative, kStages };
+LaunchPath launch_path(cudaStream_t stream) {
+  const char* env = std::getenv("SPECDEC_CUDA_LAUNCH");
+  if (env && std::strcmp(env, "stages") == 0) return LaunchPath::kStages;
+  if (env && std::strcmp(env, "cooperative") == 0) return LaunchPath::kCooperative;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status == cudaStreamCaptureStatusNone ? LaunchPath::kCooperative : LaunchPath::kStages;
+}
+
+// Chunking of stage 2 (stage 1 and 3 split by warps, independent of C): items
+// (b, c), chunk length a multiple of kStatBlock (8 race tiles: one per warp of a
+// block), and enough items for every block of the grid: at B = 1, V = 128256,
+// C = 126 chunks of 1024 tokens, each warp races one tile. C only decides who
+// does which work, never the result.
+void choose_chunks(int64_t B, int64_t V, int64_t grid, Workspace& W) {
   W.stat_blocks = (V + kStatBlock - 1) / kStatBlock;
+  const int64_t want = std::max<int64_t>(1, (grid + B - 1) / B);
+  const int64_t C = std::min(want, W.stat_blocks);
+  W.chunk_len = (W.stat_blocks + C - 1) / C * kStatBlock;
   W.chunks = (V + W.chunk_len - 1) / W.chunk_len;
 }
 
@@ -68,21 +112,46 @@ at::Tensor make_workspace(const at::Tensor& like, int64_t n_stats, int64_t n_rac
   return ws;
 }
 
-// One cooperative launch of `kernel` over B rows of `positions` positions of V
-// tokens: chunking, workspace (kept alive until the launch is queued: the
-// caching allocator orders its reuse on the stream), grid.
+// 16-byte vector loads are possible for rows at base + b * stride_b + i * stride_k
+// (element strides; a stride of a size-1 dim is never used) when the base and
+// every used stride are 16-byte aligned and V is a multiple of the vector width.
+bool vector_ok(const void* base, int64_t elem, int64_t V, int64_t stride_b, int64_t B, int64_t stride_k, int64_t n_k) {
+  if (!base) return false;
+  uint64_t bits = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(base)) | static_cast<uint64_t>(V * elem);
+  if (B > 1) bits |= static_cast<uint64_t>(stride_b * elem);
+  if (n_k > 1) bits |= static_cast<uint64_t>(stride_k * elem);
+  return (bits & 15u) == 0;
+}
+
+// Launch of `kernel` over B rows of `positions` positions of V tokens: chunking,
+// workspace (kept alive until the launches are queued: the caching allocator
+// orders its reuse on the stream), the launch path (see the top of this file).
 template <typename Params, typename Kernel>
-void launch_cooperative(Kernel kernel, int64_t B, int64_t positions, int64_t V, const at::Tensor& like, Params& P,
-                        int device, cudaStream_t stream) {
-  const int64_t max_grid = max_coresident_blocks(reinterpret_cast<const void*>(kernel), device);
-  Workspace W{};
+void launch_stages(Kernel kernel, int64_t B, int64_t positions, int64_t V, const at::Tensor& like, Params& P,
+                   Workspace& W, int device, cudaStream_t stream) {
+  const Occupancy occ = occupancy(reinterpret_cast<const void*>(kernel), device);
+  const int64_t warps = kThreads / 32;
   const int64_t rows = B * positions;
-  choose_chunks(rows, V, max_grid, W);
+  const int64_t max_grid = static_cast<int64_t>(std::max(occ.per_sm, 1)) * occ.sms;
+  choose_chunks(B, V, max_grid, W);
   at::Tensor ws = make_workspace(like, rows * W.stat_blocks, B * W.chunks, B, W);
-  const int64_t grid = std::min<int64_t>(max_grid, rows * W.chunks);
-  void* args[] = {static_cast<void*>(&P), static_cast<void*>(&W)};
-  C10_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), dim3(static_cast<unsigned>(grid)),
-                                             dim3(kThreads), args, 0, stream));
+  // blocks each stage can use
+  const int64_t g[kStages] = {(rows * W.stat_blocks + warps - 1) / warps, B * W.chunks, (B + warps - 1) / warps};
+  const auto to_dim = [](int64_t n) { return dim3(static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(n, INT32_MAX)))); };
+  if (occ.coop && occ.per_sm > 0 && launch_path(stream) == LaunchPath::kCooperative) {
+    const int64_t grid = std::min(max_grid, std::max({g[0], g[1], g[2]}));
+    int stage = kAllStages;
+    void* args[] = {static_cast<void*>(&P), static_cast<void*>(&W), static_cast<void*>(&stage)};
+    const cudaError_t err =
+        cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), to_dim(grid), dim3(kThreads), args, 0, stream);
+    if (err == cudaSuccess) return;
+    if (err != cudaErrorCooperativeLaunchTooLarge && err != cudaErrorNotSupported) C10_CUDA_CHECK(err);
+    (void)cudaGetLastError();  // refused before anything ran: clear it and take the per-stage path
+  }
+  for (int stage = 0; stage < kStages; ++stage) {
+    void* args[] = {static_cast<void*>(&P), static_cast<void*>(&W), static_cast<void*>(&stage)};
+    C10_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<void*>(kernel), to_dim(g[stage]), dim3(kThreads), args, 0, stream));
+  }
 }
 
 // The CUDA element types of the dtype dispatch (core/dtype_dispatch.h).
@@ -103,8 +172,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
   const int device = target_logits.get_device();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
   dispatch_dtypes<CudaTypes>(L.logits_dtype, L.probs_dtype, [&](auto tl, auto tq) {
-    auto kernel = verify_kernel<typename decltype(tl)::type, typename decltype(tq)::type>;
-    launch_cooperative(kernel, P.B, P.K + 1, P.V, target_logits, P, device, stream);
+    using TL = typename decltype(tl)::type;
+    using TQ = typename decltype(tq)::type;
+    Workspace W{};
+    W.vec_logits = vector_ok(P.logits, sizeof(TL), P.V, P.logits_stride_b, P.B, P.logits_stride_k, P.K + 1);
+    W.vec_q = vector_ok(P.draft_probs, sizeof(TQ), P.V, P.probs_stride_b, P.B, P.probs_stride_k, P.K);
+    launch_stages(verify_kernel<TL, TQ>, P.B, P.K + 1, P.V, target_logits, P, W, device, stream);
   });
   return {L.tokens, L.num_accepted, L.valid};
 }
@@ -118,7 +191,12 @@ at::Tensor sample_cuda(const at::Tensor& logits, const at::Tensor& temperature, 
   const int device = logits.get_device();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
   dispatch_dtype<CudaTypes>(L.logits_dtype, [&](auto tl) {
-    launch_cooperative(sample_kernel<typename decltype(tl)::type>, P.B, 1, P.V, logits, P, device, stream);
+    using TL = typename decltype(tl)::type;
+    Workspace W{};
+    W.vec_logits = vector_ok(P.logits, sizeof(TL), P.V, P.logits_stride_b, P.B, 0, 1);
+    // float4 stores of p where 4 tokens are in range: needs 16-byte aligned rows only
+    W.vec_probs = P.probs_out && vector_ok(P.probs_out, sizeof(float), 4, P.probs_stride_b, P.B, 0, 1);
+    launch_stages(sample_kernel<TL>, P.B, 1, P.V, logits, P, W, device, stream);
   });
   return L.tokens;
 }

@@ -1,14 +1,14 @@
 // CUDA kernels of specdec::verify and specdec::sample over raw pointers
 // (no torch here; the launcher is sampling_cuda.cu).
 //
-// One cooperative launch per call. Rows (and each draft position of a row) are
-// split into C chunks so the GPU is busy even at B = 1; grid-wide barriers
-// separate the stages, and blocks loop over work items so the grid never
-// exceeds what can be co-resident:
+// Three stages per call. Normally ONE cooperative launch runs them with grid-wide
+// barriers between them; the launcher falls back to one launch per stage on the
+// same stream (stage = 0, 1, 2) when a cooperative launch is not possible (see
+// sampling_cuda.cu). Work items are spread over the grid with grid-stride loops,
+// so any grid size gives the same results:
 //
-//   verify:  1. item (b, i, c): for every fixed 1024-token stat block of chunk c
-//               of position i, one warp computes softmax stats + argmax + a
-//               NaN/+inf flag                                   -> ws.stats
+//   verify:  1. one WARP per (row b, position i, fixed 1024-token stat block):
+//               softmax stats + argmax + a NaN/+inf flag         -> ws.stats
 //            -- grid sync --
 //            2. item (b, c): the block merges the row's stat blocks in a fixed
 //               order (so every block, whatever C, gets bit-identical results),
@@ -16,15 +16,22 @@
 //               runs the coarse race (verify_math.h) over the 128-token tiles
 //               of chunk c of position j, one warp per tile    -> ws.race
 //            -- grid sync --
-//            3. one warp per row: merge the C coarse winners, fine race inside
-//               the winning tile, write the outputs
-//   sample:  1. stat blocks per (b, c); sync; 2. coarse race per (b, c)
+//            3. one warp per row: merge the C coarse winners (lanes in parallel,
+//               a total order), fine race inside the winning tile, write the outputs
+//   sample:  1. stat blocks per row; sync; 2. coarse race per (b, c)
 //            (+ probs_out); sync; 3. one warp per row: fine race
 //
 // Stat blocks and race tiles are fixed in token space, so results do not depend
-// on C, the grid size or the GPU model (batch invariance). Nothing of size V is
-// written to global memory except probs_out. Random numbers come from
-// core/rng.h: the CPU and CUDA kernels draw identical numbers.
+// on C, the grid size, the launch path or the GPU model (batch invariance).
+// Inside a stat block lane l owns the 16-byte vectors l, l + 32, ... (8 of them
+// for fp32, 4 for fp16 / bf16: 32 tokens per lane), loads them all before using
+// any (several loads in flight), then folds its 32 values (max + first argmax,
+// then sum of exp against the lane max) and the warp merges lanes by a fixed
+// butterfly. The scalar path (unaligned rows, V not a multiple of the vector
+// width) gives each lane the SAME tokens in the same order, so both paths give
+// bit-identical stats. Nothing of size V is written to global memory except
+// probs_out. Random numbers come from core/rng.h: the CPU and CUDA kernels draw
+// identical numbers.
 #pragma once
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -52,6 +59,58 @@ static_assert(kStatBlock % kRaceTile == 0, "stat blocks hold whole race tiles");
 
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// Launch shape of verify / sample: 256 threads, and a register budget that lets
+// 3 blocks share an SM (65536 / (3 * 256) -> <= 80 registers per thread).
+constexpr int kBlockThreads = 256;
+constexpr int kMinBlocksPerSM = 3;
+
+// Word w (0..3) of a 16-byte vector; w is a compile-time constant after unrolling.
+__device__ __forceinline__ uint32_t u4_word(const uint4& u, int w) {
+  return w == 0 ? u.x : w == 1 ? u.y : w == 2 ? u.z : u.w;
+}
+
+// Element k of a vector of T held in a uint4 (16 / sizeof(T) elements), as float.
+template <typename T>
+__device__ __forceinline__ float vec_elem(const uint4& u, int k);
+template <>
+__device__ __forceinline__ float vec_elem<float>(const uint4& u, int k) { return __uint_as_float(u4_word(u, k)); }
+template <>
+__device__ __forceinline__ float vec_elem<__half>(const uint4& u, int k) {
+  const uint32_t w = u4_word(u, k >> 1);
+  return __half2float(__ushort_as_half(static_cast<unsigned short>((k & 1) ? (w >> 16) : (w & 0xffffu))));
+}
+template <>
+__device__ __forceinline__ float vec_elem<__nv_bfloat16>(const uint4& u, int k) {
+  const uint32_t w = u4_word(u, k >> 1);
+  return __uint_as_float((k & 1) ? (w & 0xffff0000u) : (w << 16));  // bf16 -> fp32 is exact
+}
+
+// 4 consecutive elements of T [v0, v0 + 4) as float, v0 a multiple of 4; `fill`
+// for tokens >= V. vec: one 16-byte (fp32) or 8-byte (16-bit) load, which needs
+// the row 16-byte aligned and V a multiple of the 16-byte vector width (the
+// launcher checks); else scalar loads. No data-dependent branch around the loads.
+template <typename T>
+__device__ __forceinline__ void load4(const T* p, int64_t v0, int64_t V, bool vec, float fill, float out[4]) {
+  if (vec) {
+    uint4 u = make_uint4(0u, 0u, 0u, 0u);
+    const bool in = v0 < V;  // V % 4 == 0 here: the 4 tokens are all in range or all out
+    if constexpr (sizeof(T) == 4) {
+      if (in) u = *reinterpret_cast<const uint4*>(p + v0);
+    } else {
+      if (in) {
+        const uint2 h = *reinterpret_cast<const uint2*>(p + v0);
+        u.x = h.x;
+        u.y = h.y;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[k] = in ? vec_elem<T>(u, k) : fill;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[k] = v0 + k < V ? to_float(p[v0 + k]) : fill;
+  }
+}
+
 // Softmax statistics of a set of tokens (verify_math.h: max of the RAW logits,
 // sum of exp((l - max) * inv_t)) plus the first argmax.
 struct ChunkStats {
@@ -77,43 +136,67 @@ struct StatsMerge {
   __device__ ChunkStats operator()(const ChunkStats& a, const ChunkStats& b) const { return merge_stats(a, b, inv_t); }
 };
 
-// One thread folds logit x at index v (online softmax over the raw logits, as
-// on the CPU: NaN / +inf = bad; -inf = masked, no mass).
-__device__ __forceinline__ void fold_value(ChunkStats& st, float x, int64_t v, float inv_t, bool want_sum) {
-  if (x != x || x == kInf) {
-    st.bad = 1;
-    return;
-  }
-  if (x == -kInf) return;
-  if (x > st.max) {  // lanes visit increasing v: a tie keeps the earlier index
-    if (want_sum) st.sum = st.sum * shifted_exp(st.max, x, inv_t) + 1.0f;
-    st.max = x;
-    st.arg = v;
-  } else if (want_sum) {
-    st.sum += shifted_exp(x, st.max, inv_t);
-  }
-}
-
-// Stats of every stat block of chunk c of one row: warp w takes blocks w, w +
-// warps, ...; lane l folds tokens l, l + 32, ... of the block, then a fixed
-// butterfly merge. Writes out[blk] for the chunk's blocks. No block barrier.
+// Stats of stat block `blk` of one row (warp-wide; every lane gets the result).
+// Lane l owns vectors j * 32 + l (j < N) of 16 / sizeof(T) tokens: all its loads
+// are issued before the first use. Then, per lane, in increasing token order:
+// NaN / +inf -> bad (and no mass), -inf -> masked; max of the raw logits with the
+// first index of the max; sum of shifted_exp against that lane max. Lanes merge
+// by the fixed butterfly of warp_reduce. vec: 16-byte loads (the launcher checked
+// alignment and V % (16 / sizeof(T)) == 0); else scalar loads of the same tokens.
 template <typename T>
-__device__ void chunk_stat_blocks(const T* row, int64_t V, int64_t c, int64_t chunk_len, float inv_t,
-                                  bool want_sum, bool usable, ChunkStats* out) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const int64_t nblk = (V + kStatBlock - 1) / kStatBlock;
-  const int64_t b0 = c * (chunk_len / kStatBlock), b1 = imin(nblk, b0 + chunk_len / kStatBlock);
-  for (int64_t blk = b0 + warp; blk < b1; blk += warps) {
-    ChunkStats st = ChunkStats::empty();
-    if (usable) {
-      const int64_t end = imin(V, (blk + 1) * kStatBlock);
-      for (int64_t v = blk * kStatBlock + lane; v < end; v += 32) fold_value(st, to_float(row[v]), v, inv_t, want_sum);
-    } else {
-      st.bad = 1;
+__device__ __forceinline__ ChunkStats stat_block(const T* row, int64_t V, int64_t blk, float inv_t, bool want_sum,
+                                                 bool vec) {
+  constexpr int W = 16 / sizeof(T);              // tokens per 16-byte vector
+  constexpr int N = kStatBlock / (32 * W);       // vectors per lane: 8 (fp32), 4 (16-bit)
+  static_assert(N * W * 32 == kStatBlock, "a stat block is whole vectors of every lane");
+  const int lane = threadIdx.x & 31;
+  const int64_t base = blk * kStatBlock;
+  float x[N * W];
+  if (vec) {
+    const uint4* p = reinterpret_cast<const uint4*>(row + base);
+    uint4 raw[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      raw[j] = make_uint4(0u, 0u, 0u, 0u);
+      if (base + static_cast<int64_t>(j * 32 + lane) * W < V) raw[j] = p[j * 32 + lane];
     }
-    st = warp_reduce(st, StatsMerge{inv_t});
-    if (lane == 0) out[blk] = st;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const bool in = base + static_cast<int64_t>(j * 32 + lane) * W < V;
+#pragma unroll
+      for (int k = 0; k < W; ++k) x[j * W + k] = in ? vec_elem<T>(raw[j], k) : -kInf;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const int64_t v = base + static_cast<int64_t>(j * 32 + lane) * W + k;
+        x[j * W + k] = v < V ? to_float(row[v]) : -kInf;  // out of range = masked: no mass, never the max
+      }
   }
+  int bad = 0, arg = -1;
+  float m = -kInf;
+#pragma unroll
+  for (int k = 0; k < N * W; ++k) {
+    float xk = x[k];
+    if (xk != xk || xk == kInf) {
+      bad = 1;
+      xk = -kInf;
+    }
+    x[k] = xk;
+    if (xk > m) {  // strict: a tie keeps the earlier token
+      m = xk;
+      arg = k;
+    }
+  }
+  float sum = 0.0f;
+  if (want_sum && m != -kInf) {
+#pragma unroll
+    for (int k = 0; k < N * W; ++k) sum += shifted_exp(x[k], m, inv_t);  // exp(-inf) = 0 for masked tokens
+  }
+  const int64_t tok = arg < 0 ? INT64_MAX : base + static_cast<int64_t>((arg / W) * 32 + lane) * W + arg % W;
+  return warp_reduce(ChunkStats{m, sum, bad, tok}, StatsMerge{inv_t});
 }
 
 // Merge the stat blocks [0, nblk) of one row-position (warp-wide, fixed order:
@@ -162,34 +245,50 @@ struct Workspace {
   int64_t chunks;      // C: chunks per row (work split only; results do not depend on it)
   int64_t chunk_len;   // a multiple of kStatBlock
   int64_t stat_blocks; // NB
+  int vec_logits;      // logits rows 16-byte aligned and V % (16 / sizeof(TL)) == 0: vector loads
+  int vec_q;           // the same for the dense draft rows
+  int vec_probs;       // probs_out rows 16-byte aligned (float4 stores where 4 tokens are in range)
 };
+
+// The stages of one call (stage argument of the kernels).
+constexpr int kAllStages = -1;  // cooperative launch: all stages with grid syncs
+constexpr int kStages = 3;
 
 // ----------------------------------------------------------------------------
 // Race weights and the two-level race
 // ----------------------------------------------------------------------------
 
-// Weights of the 4 tokens v0..v0+3 (v0 a multiple of 4; entries >= V weigh 0):
-// p = target probability, w = residual max(0, p - q) (QMode kNone: w = p;
-// kOneHot: q one-hot at `draft`; kDense: the q row).
+// The logits x and (kDense) draft probabilities q of the 4 tokens v0..v0+3 of a
+// lane (v0 a multiple of 4): loaded together, before any use (tokens >= V read as
+// logit -inf and q 0, which weigh 0).
 template <typename T, typename TQ>
-__device__ __forceinline__ void token_weights(const T* row, const TQ* q_row, QMode q_mode, int64_t draft,
-                                              int64_t v0, int64_t V, float inv_t, float max_l, float inv_s,
-                                              float w[4], float p[4], int& bad) {
+__device__ __forceinline__ void load_lane_tokens(const T* row, const TQ* q_row, int64_t v0, int64_t V, bool vec_l,
+                                                 bool vec_q, float x[4], float q[4]) {
+  load4(row, v0, V, vec_l, -kInf, x);
+  if (q_row) {
+    load4(q_row, v0, V, vec_q, 0.0f, q);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) q[k] = 0.0f;
+  }
+}
+
+// Weights of those 4 tokens: p = target probability, w = residual max(0, p - q)
+// (QMode kNone: w = p; kOneHot: q one-hot at `draft`; kDense: the q row).
+__device__ __forceinline__ void token_weights(const float x[4], const float q[4], QMode q_mode, int64_t draft,
+                                              int64_t v0, float inv_t, float max_l, float inv_s, float w[4],
+                                              float p[4], int& bad) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const int64_t v = v0 + k;
-    p[k] = w[k] = 0.0f;
-    if (v >= V) continue;
-    const float e = shifted_exp(to_float(row[v]), max_l, inv_t);
+    const float e = shifted_exp(x[k], max_l, inv_t);  // 0 for a token >= V (x = -inf)
     p[k] = e * inv_s;
     if (q_mode == QMode::kNone) {
       w[k] = p[k];
     } else if (q_mode == QMode::kOneHot) {
-      w[k] = v == draft ? 0.0f : p[k];  // max(0, p - 1) = 0 at the draft
+      w[k] = v0 + k == draft ? 0.0f : p[k];  // max(0, p - 1) = 0 at the draft
     } else {
-      const float q = to_float(q_row[v]);
-      if (bad_prob(q)) bad = 1;
-      w[k] = residual_weight(e, inv_s, q);
+      if (bad_prob(q[k])) bad = 1;
+      w[k] = residual_weight(e, inv_s, q[k]);
     }
   }
 }
@@ -202,30 +301,57 @@ __device__ __forceinline__ float warp_sum(float x) {
 
 // Coarse race over the tiles of chunk c (block-wide): one warp per tile of
 // kRaceTile = 128 tokens, 4 per lane. Keys W_t / E_t (residual) and P_t / E_t
-// (target). Optionally writes p to probs_out.
+// (target). Optionally writes p to probs_out. The next tile's logits are loaded
+// before the current tile is processed (two loads in flight per lane).
 template <typename T, typename TQ>
 __device__ RacePair chunk_coarse_race(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t V,
                                       int64_t c, int64_t chunk_len, float inv_t, float max_l, float inv_s,
                                       const RowRng& rng, uint32_t tile_stream, uint32_t position,
-                                      float* probs_out, RacePair* scratch) {
+                                      float* probs_out, const Workspace& W, RacePair* scratch) {
   static_assert(kRaceTile == 128, "one warp x 4 tokens per tile");
-  RacePair best = RacePair::empty();
+  // best keys with 32-bit tile indices (registers: t < 2^31 for any V < 2^38)
+  float key = -1.0f, key_p = -1.0f;
+  int idx = INT32_MAX, idx_p = INT32_MAX, bad = 0;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const bool vec_l = W.vec_logits != 0, vec_q = W.vec_q != 0, vec_p = W.vec_probs != 0;
   const int64_t t_begin = c * chunk_len / kRaceTile;
   const int64_t t_end = (imin(V, (c + 1) * chunk_len) + kRaceTile - 1) / kRaceTile;
-  for (int64_t t = t_begin + warp; t < t_end; t += warps) {
+  float x[4];
+  int64_t t = t_begin + warp;
+  if (t < t_end) load4(row, t * kRaceTile + 4 * lane, V, vec_l, -kInf, x);
+  for (; t < t_end; t += warps) {
     const int64_t v0 = t * kRaceTile + 4 * lane;
+    // this tile's q and the next tile's logits are loaded together (the logits of
+    // this tile are in flight since the previous iteration)
+    float q[4], xn[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (q_row) {
+      load4(q_row, v0, V, vec_q, 0.0f, q);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) q[k] = 0.0f;
+    }
+    if (t + warps < t_end) load4(row, v0 + warps * kRaceTile, V, vec_l, -kInf, xn);
     float w[4], p[4];
-    token_weights(row, q_row, q_mode, draft, v0, V, inv_t, max_l, inv_s, w, p, best.bad);
-    if (probs_out)
-      for (int k = 0; k < 4; ++k)
-        if (v0 + k < V) probs_out[v0 + k] = p[k];
-    const float W = warp_sum((w[0] + w[1]) + (w[2] + w[3]));
+    token_weights(x, q, q_mode, draft, v0, inv_t, max_l, inv_s, w, p, bad);
+    if (probs_out) {
+      if (vec_p && v0 + 3 < V) {
+        *reinterpret_cast<float4*>(probs_out + v0) = make_float4(p[0], p[1], p[2], p[3]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          if (v0 + k < V) probs_out[v0 + k] = p[k];
+      }
+    }
+    const float Wt = warp_sum((w[0] + w[1]) + (w[2] + w[3]));
     const float Pt = warp_sum((p[0] + p[1]) + (p[2] + p[3]));
     const float E = race_exponential(rng, tile_stream, position, t);
-    if (race_better(W / E, t, RaceBest{best.key, best.idx})) { best.key = W / E; best.idx = t; }
-    if (race_better(Pt / E, t, RaceBest{best.key_p, best.idx_p})) { best.key_p = Pt / E; best.idx_p = t; }
+    // tiles come in increasing t: strictly greater keys win, ties keep the lower tile
+    if (Wt / E > key) { key = Wt / E; idx = static_cast<int>(t); }
+    if (Pt / E > key_p) { key_p = Pt / E; idx_p = static_cast<int>(t); }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) x[k] = xn[k];
   }
+  const RacePair best{key, key_p, idx == INT32_MAX ? INT64_MAX : idx, idx_p == INT32_MAX ? INT64_MAX : idx_p, bad};
   return block_reduce(best, RaceMerge{}, scratch);
 }
 
@@ -247,12 +373,13 @@ struct RaceBestMerge {
 template <typename T, typename TQ>
 __device__ int64_t warp_fine_race(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t V, int64_t tile,
                                   bool use_p, float inv_t, float max_l, float inv_s, const RowRng& rng,
-                                  uint32_t token_stream, uint32_t position) {
+                                  uint32_t token_stream, uint32_t position, const Workspace& W) {
   const int lane = threadIdx.x & 31;
   const int64_t v0 = tile * kRaceTile + 4 * lane;
-  float w[4], p[4];
+  float x[4], q[4], w[4], p[4];
   int bad = 0;
-  token_weights(row, q_row, q_mode, draft, v0, V, inv_t, max_l, inv_s, w, p, bad);
+  load_lane_tokens(row, q_row, v0, V, W.vec_logits != 0, W.vec_q != 0, x, q);
+  token_weights(x, q, q_mode, draft, v0, inv_t, max_l, inv_s, w, p, bad);
   const Philox4 r = rng.block(token_stream, position, static_cast<uint32_t>(v0 >> 2));
   RaceBestShfl best{0.0f, -1};
 #pragma unroll
@@ -395,18 +522,25 @@ __device__ __forceinline__ RaceSite<TL, float> sample_site(const SampleParams& P
   return RaceSite<TL, float>{static_cast<const TL*>(P.logits) + b * P.logits_stride_b, nullptr, QMode::kNone, -1, 0u};
 }
 
-// Stage 1: stats of every (row, position, stat block); item (b, i, c) covers
-// chunk c of position i of row b. `positions` = K + 1 (verify) or 1 (sample).
+// Stage 1: stats of every (row, position, stat block): one warp per stat block,
+// global warp index w takes items w, w + all warps, ... (every warp of the grid
+// has work as long as there are stat blocks: B = 1, K = 5, V = 128256 has 756).
+// `positions` = K + 1 (verify) or 1 (sample).
 template <typename TL>
 __device__ void stats_stage(const void* logits, int64_t stride_b, int64_t stride_k, int64_t positions,
                             const ScalarOrRow<float>& temperature, int64_t B, int64_t V, const Workspace& W) {
-  const int64_t C = W.chunks, NB = W.stat_blocks;
-  for (int64_t item = blockIdx.x; item < B * positions * C; item += gridDim.x) {
-    const int64_t b = item / (positions * C), i = (item / C) % positions, c = item % C;
+  const int64_t NB = W.stat_blocks, total = B * positions * NB;
+  const int64_t warps = blockDim.x >> 5;
+  for (int64_t item = blockIdx.x * warps + (threadIdx.x >> 5); item < total; item += gridDim.x * warps) {
+    const int64_t r = item / NB, blk = item - r * NB, b = r / positions, i = r - b * positions;
     const float t = temperature.get(b);
-    const TL* row = static_cast<const TL*>(logits) + b * stride_b + i * stride_k;
-    chunk_stat_blocks(row, V, c, W.chunk_len, stats_inv_t(t), t != 0.0f, valid_temperature(t),
-                      W.stats + (b * positions + i) * NB);
+    ChunkStats st = ChunkStats::empty();
+    st.bad = 1;  // an unusable temperature: the row is invalid, its logits are not read
+    if (valid_temperature(t)) {
+      const TL* row = static_cast<const TL*>(logits) + b * stride_b + i * stride_k;
+      st = stat_block(row, V, blk, stats_inv_t(t), t != 0.0f, W.vec_logits != 0);
+    }
+    if ((threadIdx.x & 31) == 0) W.stats[item] = st;  // item == (b * positions + i) * NB + blk
   }
 }
 
@@ -417,17 +551,22 @@ __device__ void stats_stage(const void* logits, int64_t stride_b, int64_t stride
 // Returns -1 when the row has no token.
 template <typename TL, typename TQ>
 __device__ int64_t final_token(const RowDecision& d, const RacePair* race, int64_t C, const RaceSite<TL, TQ>& site,
-                               int64_t V, float temperature, const RowRng& rng, uint32_t token_stream) {
+                               int64_t V, float temperature, const RowRng& rng, uint32_t token_stream,
+                               const Workspace& W) {
   if (d.status == RowStatus::kGreedy) return d.token;
   if (d.status != RowStatus::kSampled) return -1;
-  RacePair r = race[0];
-  for (int64_t c = 1; c < C; ++c) r = merge_race(r, race[c]);
+  // The C coarse winners: lane l merges entries l, l + 32, ..., then the butterfly.
+  // merge_race is a total order (highest key, ties to the lowest tile; bad ORed),
+  // so this equals the serial merge in chunk order, bit for bit.
+  RacePair r = RacePair::empty();
+  for (int64_t c = threadIdx.x & 31; c < C; c += 32) r = merge_race(r, race[c]);
+  r = warp_reduce(r, RaceMerge{});
   const bool use_p = !(r.key > 0.0f);
   const int64_t tile = use_p ? r.idx_p : r.idx;
   const int64_t ntiles = (V + kRaceTile - 1) / kRaceTile;
   if (r.bad || tile < 0 || tile >= ntiles) return -1;
   const int64_t token = warp_fine_race(site.row, site.q_row, site.q_mode, site.draft, V, tile, use_p,
-                                       1.0f / temperature, d.max_l, 1.0f / d.sum, rng, token_stream, site.position);
+                                       1.0f / temperature, d.max_l, 1.0f / d.sum, rng, token_stream, site.position, W);
   return (token >= 0 && token < V) ? token : -1;
 }
 
@@ -469,7 +608,7 @@ __device__ void verify_decide_stage(const VerifyParams& P, const Workspace& W, R
     if (valid && !greedy) {
       const RaceSite<TL, TQ> site = verify_site<TL, TQ>(P, b, j);
       rp = chunk_coarse_race(site.row, site.q_row, site.q_mode, site.draft, P.V, c, W.chunk_len, inv_t, row.max_l,
-                             1.0f / row.sum, rng, kStreamVerifyTile, site.position, static_cast<float*>(nullptr),
+                             1.0f / row.sum, rng, kStreamVerifyTile, site.position, static_cast<float*>(nullptr), W,
                              race_scratch);
     }
     if (threadIdx.x == 0) {
@@ -482,22 +621,14 @@ __device__ void verify_decide_stage(const VerifyParams& P, const Workspace& W, R
   }
 }
 
+// Stage 3: one warp per row: its token, then lane 0 writes the outputs.
 template <typename TL, typename TQ>
-__global__ void verify_kernel(VerifyParams P, Workspace W) {
-  __shared__ RacePair race_scratch[32];
-  __shared__ RowShared row;
-  cg::grid_group grid = cg::this_grid();
+__device__ void verify_output_stage(const VerifyParams& P, const Workspace& W) {
   const int64_t K = P.K;
-
-  stats_stage<TL>(P.logits, P.logits_stride_b, P.logits_stride_k, K + 1, P.temperature, P.B, P.V, W);
-  grid.sync();
-  verify_decide_stage<TL, TQ>(P, W, row, race_scratch);
-  grid.sync();
-  // Stage 3: one warp per row: its token, then lane 0 writes the outputs.
   for_each_row_per_warp(P.B, [&](int64_t b) {
     const RowDecision d = W.rows[b];
     const int64_t token = final_token(d, W.race + b * W.chunks, W.chunks, verify_site<TL, TQ>(P, b, d.j), P.V,
-                                      P.temperature.get(b), make_row_rng(P.rnd, b), kStreamVerifyRace);
+                                      P.temperature.get(b), make_row_rng(P.rnd, b), kStreamVerifyRace, W);
     if ((threadIdx.x & 31) == 0) {
       const bool valid = token >= 0;
       int64_t* out = P.tokens + b * (K + 1);
@@ -506,6 +637,22 @@ __global__ void verify_kernel(VerifyParams P, Workspace W) {
       P.valid[b] = valid;
     }
   });
+}
+
+// stage == kAllStages: a cooperative launch runs the three stages with grid syncs;
+// else one stage per launch (0, 1, 2 in stream order). Same work either way.
+template <typename TL, typename TQ>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) verify_kernel(VerifyParams P, Workspace W,
+                                                                                int stage) {
+  __shared__ RacePair race_scratch[32];
+  __shared__ RowShared row;
+  const bool all = stage == kAllStages;
+  if (all || stage == 0)
+    stats_stage<TL>(P.logits, P.logits_stride_b, P.logits_stride_k, P.K + 1, P.temperature, P.B, P.V, W);
+  if (all) cg::this_grid().sync();
+  if (all || stage == 1) verify_decide_stage<TL, TQ>(P, W, row, race_scratch);
+  if (all) cg::this_grid().sync();
+  if (all || stage == 2) verify_output_stage<TL, TQ>(P, W);
 }
 
 // ----------------------------------------------------------------------------
@@ -535,7 +682,7 @@ __device__ void sample_decide_stage(const SampleParams& P, const Workspace& W, C
     if (valid && !greedy) {
       const RaceSite<TL, float> site = sample_site<TL>(P, b);
       rp = chunk_coarse_race(site.row, site.q_row, site.q_mode, site.draft, V, c, W.chunk_len, 1.0f / t, st.max,
-                             1.0f / st.sum, make_row_rng(P.rnd, b), kStreamSampleTile, site.position, probs,
+                             1.0f / st.sum, make_row_rng(P.rnd, b), kStreamSampleTile, site.position, probs, W,
                              race_scratch);
     } else if (probs) {
       for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x)
@@ -553,20 +700,21 @@ __device__ void sample_decide_stage(const SampleParams& P, const Workspace& W, C
 }
 
 template <typename TL>
-__global__ void sample_kernel(SampleParams P, Workspace W) {
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) sample_kernel(SampleParams P, Workspace W,
+                                                                                int stage) {
   __shared__ RacePair race_scratch[32];
   __shared__ ChunkStats row_stats;
-  cg::grid_group grid = cg::this_grid();
-
-  stats_stage<TL>(P.logits, P.logits_stride_b, 0, 1, P.temperature, P.B, P.V, W);
-  grid.sync();
-  sample_decide_stage<TL>(P, W, row_stats, race_scratch);
-  grid.sync();
-  for_each_row_per_warp(P.B, [&](int64_t b) {
-    const int64_t token = final_token(W.rows[b], W.race + b * W.chunks, W.chunks, sample_site<TL>(P, b), P.V,
-                                      P.temperature.get(b), make_row_rng(P.rnd, b), kStreamSampleRace);
-    if ((threadIdx.x & 31) == 0) P.tokens[b] = token;
-  });
+  const bool all = stage == kAllStages;
+  if (all || stage == 0) stats_stage<TL>(P.logits, P.logits_stride_b, 0, 1, P.temperature, P.B, P.V, W);
+  if (all) cg::this_grid().sync();
+  if (all || stage == 1) sample_decide_stage<TL>(P, W, row_stats, race_scratch);
+  if (all) cg::this_grid().sync();
+  if (all || stage == 2)
+    for_each_row_per_warp(P.B, [&](int64_t b) {
+      const int64_t token = final_token(W.rows[b], W.race + b * W.chunks, W.chunks, sample_site<TL>(P, b), P.V,
+                                        P.temperature.get(b), make_row_rng(P.rnd, b), kStreamSampleRace, W);
+      if ((threadIdx.x & 31) == 0) P.tokens[b] = token;
+    });
 }
 
 }  // namespace specdec::cuda

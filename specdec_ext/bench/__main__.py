@@ -1,4 +1,4 @@
-"""Microbenchmarks: python -m specdec_ext.bench {verify,kv,e2e} [options] (--help per command)."""
+"""Microbenchmarks: python -m specdec_ext.bench {verify,kv,e2e,sass} [options] (--help per command)."""
 import importlib
 import sys
 
@@ -6,6 +6,7 @@ COMMANDS = {
     "verify": "specdec_ext.bench.verify",  # fused verify vs plain PyTorch / torch.compile / FlashInfer
     "kv": "specdec_ext.bench.kv",          # KV-cache append / gather vs indexing and copy
     "e2e": "specdec_ext.bench.e2e",        # engine on the bundled pair vs target-only and HF
+    "sass": "specdec_ext.bench.sass",      # static SASS read of the built kernels (registers, spills, loads)
 }
 
 

@@ -8,19 +8,32 @@
 Inputs: target logits ~ 2 * N(0, 1); the draft distribution is a perturbed copy of
 the target's (so acceptance is realistic, ~0.6-0.8; the measured mean is printed);
 drafts are sampled from it. GB/s counts target logits + draft probs read once.
+
+Columns: `fused` is the eager time per call (CUDA events around one call, launch
+overhead included); on CUDA `graph` is the device time per call by CUDA-graph replay of
+20 calls; `%floor` is the HBM floor (the minimal bytes, logits read once + the q rows, at
+the measured copy bandwidth; on CPU at the measured memcpy bandwidth) over the fused time
+(graph time on CUDA). `--cold` adds cold-cache figures: before every timed call a buffer
+bigger than the last-level cache (64 MiB on CPU, 256 MiB on a GPU) is streamed through the
+caches, as when the op is interleaved with other work; both warm and cold are reported.
+`--sample` adds rows of the sample op (B in {1, 64}, V = 128256) against softmax +
+multinomial in PyTorch (eager and compiled) and FlashInfer's sampling_from_logits.
 """
 import argparse
+import contextlib
 import json
+import os
 import sys
 
 import torch
 
 import specdec_ext
 
-from .timing import copy_bandwidth, time_call
+from .timing import cache_flusher, copy_bandwidth, time_call, time_graph
 
 FULL = dict(B=[1, 8, 64], K=[1, 5, 8], V=[32000, 128256, 151936], dtype=["fp32", "bf16"])
 QUICK = dict(B=[1, 8], K=[5], V=[128256], dtype=["fp32", "bf16"])
+SAMPLE = dict(B=[1, 64], V=[128256])
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -76,48 +89,143 @@ def flashinfer_fn(logits, ids, q):
     return run
 
 
-def bench_device(device, grid, with_compile, rows, on_row=lambda: None):
+def torch_sample(logits, temperature: float):
+    """Plain PyTorch sampling of one token per row (the baseline of the sample op)."""
+    p = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(p, 1).squeeze(-1)
+
+
+def flashinfer_sample_fn(logits):
+    try:
+        import flashinfer.sampling as fs
+    except Exception:
+        return None
+
+    def run():
+        return fs.sampling_from_logits(logits.float())
+
+    try:
+        run()
+    except Exception as e:
+        print(f"  flashinfer column skipped: {e}", file=sys.stderr)
+        return None
+    return run
+
+
+@contextlib.contextmanager
+def launch_path(path):
+    """SPECDEC_CUDA_LAUNCH for the calls inside (csrc/cuda/sampling_cuda.cu): "cooperative",
+    "stages", or None = the default (cooperative eagerly, per-stage launches under capture)."""
+    old = os.environ.get("SPECDEC_CUDA_LAUNCH")
+    if path is None:
+        os.environ.pop("SPECDEC_CUDA_LAUNCH", None)
+    else:
+        os.environ["SPECDEC_CUDA_LAUNCH"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SPECDEC_CUDA_LAUNCH", None)
+        else:
+            os.environ["SPECDEC_CUDA_LAUNCH"] = old
+
+
+def _measure(device, fns, nbytes, peak, cold, flush):
+    """Times of {name: fn or None}: eager (and cold), graph replay for the fused op on CUDA;
+    on CUDA also the other launch path of each mode (JSON only: fused_stages_s = eager
+    per-stage launches, fused_graph_coop_s = graph replay of the cooperative launch)."""
+    out = {}
+    for name, fn in fns.items():
+        out[f"{name}_s"] = time_call(fn, device) if fn else None
+        if cold:
+            out[f"{name}_cold_s"] = time_call(fn, device, flush=flush, min_reps=5, max_reps=100) if fn else None
+    out["fused_graph_s"] = time_graph(fns["fused"]) if device == "cuda" else None
+    if device == "cuda":
+        with launch_path("stages"):
+            out["fused_stages_s"] = time_call(fns["fused"], device)
+        with launch_path("cooperative"):
+            out["fused_graph_coop_s"] = time_graph(fns["fused"])
+    best = out["fused_graph_s"] or out["fused_s"]
+    out["floor_bytes"] = nbytes
+    out["floor_s"] = nbytes / (peak * 1e9) if peak else None
+    out["pct_floor"] = 100.0 * out["floor_s"] / best if peak else None
+    out["pct_floor_cold"] = 100.0 * out["floor_s"] / out["fused_cold_s"] if peak and cold else None
+    out["fused_gbps"] = nbytes / out["fused_s"] / 1e9
+    return out
+
+
+def bench_device(device, grid, with_compile, rows, on_row=lambda: None, cold=False, sample_grid=None):
     compiled = torch.compile(torch_verify, dynamic=True) if with_compile else None
-    peak = copy_bandwidth(device) if device == "cuda" else None
+    compiled_sample = torch.compile(torch_sample, dynamic=True) if with_compile and sample_grid else None
+    # the floor's bandwidth: device copy on a GPU (1 GiB), memcpy on the CPU (256 MiB: cheap)
+    peak = copy_bandwidth(device) if device == "cuda" else copy_bandwidth(device, 256 << 20)
+    flush = cache_flusher(device) if cold else None
     for dt in grid["dtype"]:
         for B in grid["B"]:
             for K in grid["K"]:
                 for V in grid["V"]:
                     logits, ids, q = make_inputs(B, K, V, DTYPES[dt], device)
+                    # minimal bytes: every logit read once + the q rows
                     nbytes = logits.numel() * logits.element_size() + q.numel() * q.element_size()
                     res = specdec_ext.verify(logits, ids, q, 1.0, seed=0)
                     alpha = (res.num_accepted.float().mean() / K).item()
-                    t_fused = time_call(lambda: specdec_ext.verify(logits, ids, q, 1.0, seed=0), device)
-                    t_torch = time_call(lambda: torch_verify(logits, ids, q, 1.0), device)
-                    t_comp = None
                     if compiled is not None:
                         compiled(logits, ids, q, 1.0)  # compile outside the timing
-                        t_comp = time_call(lambda: compiled(logits, ids, q, 1.0), device)
                     fi = flashinfer_fn(logits, ids, q) if device == "cuda" else None
-                    t_fi = time_call(fi, device) if fi else None
-                    rows.append(dict(device=device, dtype=dt, B=B, K=K, V=V, accept_rate=alpha,
-                                     fused_s=t_fused, torch_s=t_torch, compile_s=t_comp, flashinfer_s=t_fi,
-                                     fused_gbps=nbytes / t_fused / 1e9, copy_gbps=peak))
-                    print_row(rows[-1])
+                    fns = dict(fused=lambda: specdec_ext.verify(logits, ids, q, 1.0, seed=0),
+                               torch=lambda: torch_verify(logits, ids, q, 1.0),
+                               compile=(lambda: compiled(logits, ids, q, 1.0)) if compiled else None,
+                               flashinfer=fi)
+                    r = dict(op="verify", device=device, dtype=dt, B=B, K=K, V=V, accept_rate=alpha, copy_gbps=peak)
+                    r.update(_measure(device, fns, nbytes, peak, cold, flush))
+                    rows.append(r)
+                    print_row(rows[-1], cold)
                     on_row()
                     del logits, ids, q
+        for B in (sample_grid or {}).get("B", []):
+            for V in sample_grid["V"]:
+                logits = make_inputs(B, 1, V, DTYPES[dt], device)[0][:, 0].contiguous()
+                nbytes = logits.numel() * logits.element_size()
+                if compiled_sample is not None:
+                    compiled_sample(logits, 1.0)
+                fi = flashinfer_sample_fn(logits) if device == "cuda" else None
+                fns = dict(fused=lambda: specdec_ext.sample(logits, 1.0, seed=0),
+                           torch=lambda: torch_sample(logits, 1.0),
+                           compile=(lambda: compiled_sample(logits, 1.0)) if compiled_sample else None,
+                           flashinfer=fi)
+                r = dict(op="sample", device=device, dtype=dt, B=B, K=None, V=V, accept_rate=None, copy_gbps=peak)
+                r.update(_measure(device, fns, nbytes, peak, cold, flush))
+                rows.append(r)
+                print_row(rows[-1], cold)
+                on_row()
+                del logits
 
 
-HEADER = (f"{'dev':4} {'dtype':5} {'B':>3} {'K':>2} {'V':>6} {'alpha':>5} | {'fused':>9} {'GB/s':>7} | "
-          f"{'torch':>9} {'x':>6} | {'compile':>9} {'x':>6} | {'flashinfer':>10} {'x':>6}")
+HEADER = (f"{'op':6} {'dev':4} {'dtype':5} {'B':>3} {'K':>2} {'V':>6} {'alpha':>5} | {'fused':>9} {'graph':>9} "
+          f"{'GB/s':>7} {'%floor':>6} | {'torch':>9} {'x':>6} | {'compile':>9} {'x':>6} | {'flashinfer':>10} {'x':>6}")
+COLD_HEADER = f" || {'cold:fused':>10} {'%floor':>6} {'torch':>9} {'x':>6}"
 
 
 def fmt_t(t):
     return "-" if t is None else (f"{t * 1e6:.1f}us" if t < 1e-3 else f"{t * 1e3:.2f}ms")
 
 
-def print_row(r):
-    def sp(t):
-        return "-" if t is None else f"{t / r['fused_s']:.1f}x"
-    print(f"{r['device']:4} {r['dtype']:5} {r['B']:>3} {r['K']:>2} {r['V']:>6} {r['accept_rate']:>5.2f} | "
-          f"{fmt_t(r['fused_s']):>9} {r['fused_gbps']:>7.1f} | {fmt_t(r['torch_s']):>9} {sp(r['torch_s']):>6} | "
-          f"{fmt_t(r['compile_s']):>9} {sp(r['compile_s']):>6} | {fmt_t(r['flashinfer_s']):>10} "
-          f"{sp(r['flashinfer_s']):>6}", flush=True)
+def print_row(r, cold=False):
+    def sp(t, ref="fused_s"):
+        return "-" if t is None else f"{t / r[ref]:.1f}x"
+
+    def pct(x):
+        return "-" if x is None else f"{x:.0f}%"
+    line = (f"{r.get('op', 'verify'):6} {r['device']:4} {r['dtype']:5} {r['B']:>3} {r['K'] if r['K'] is not None else '-':>2} "
+            f"{r['V']:>6} {'-' if r['accept_rate'] is None else format(r['accept_rate'], '.2f'):>5} | "
+            f"{fmt_t(r['fused_s']):>9} {fmt_t(r.get('fused_graph_s')):>9} {r['fused_gbps']:>7.1f} "
+            f"{pct(r.get('pct_floor')):>6} | {fmt_t(r['torch_s']):>9} {sp(r['torch_s']):>6} | "
+            f"{fmt_t(r['compile_s']):>9} {sp(r['compile_s']):>6} | {fmt_t(r['flashinfer_s']):>10} "
+            f"{sp(r['flashinfer_s']):>6}")
+    if cold:
+        line += (f" || {fmt_t(r.get('fused_cold_s')):>10} {pct(r.get('pct_floor_cold')):>6} "
+                 f"{fmt_t(r.get('torch_cold_s')):>9} {sp(r.get('torch_cold_s'), 'fused_cold_s'):>6}")
+    print(line, flush=True)
 
 
 def main(argv):
@@ -129,6 +237,10 @@ def main(argv):
     ap.add_argument("--B", type=int, nargs="*"), ap.add_argument("--K", type=int, nargs="*")
     ap.add_argument("--V", type=int, nargs="*"), ap.add_argument("--dtype", nargs="*", choices=list(DTYPES))
     ap.add_argument("--json", metavar="PATH", help="write all rows as JSON (benchmarks/check_targets.py reads it)")
+    ap.add_argument("--cold", action="store_true",
+                    help="also time with cold caches (a buffer > last-level cache streamed before every call)")
+    ap.add_argument("--sample", action="store_true", help=f"add rows of the sample op {SAMPLE}")
+    ap.add_argument("--sample-only", action="store_true", help="only the sample rows (no verify rows)")
     args = ap.parse_args(argv)
     grid = dict(QUICK if args.quick else FULL)
     for k in ("B", "K", "V", "dtype"):
@@ -140,7 +252,10 @@ def main(argv):
         devices.remove("cuda")
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, specdec_ext {specdec_ext.__version__}, threads {torch.get_num_threads()}")
-    print(HEADER)
+    print(HEADER + (COLD_HEADER if args.cold else ""))
+    if args.sample_only:
+        grid["B"] = []
+    sample_grid = SAMPLE if (args.sample or args.sample_only) else None
     rows = []
 
     def save():
@@ -151,6 +266,6 @@ def main(argv):
                                gpu=torch.cuda.get_device_name() if "cuda" in devices else None), f, indent=1)
 
     for d in devices:
-        bench_device(d, grid, not args.no_compile, rows, on_row=save)
+        bench_device(d, grid, not args.no_compile, rows, on_row=save, cold=args.cold, sample_grid=sample_grid)
     save()
     return 0

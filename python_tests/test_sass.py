@@ -1,0 +1,70 @@
+"""Static checks of the built CUDA kernels (no GPU needed; `python -m specdec_ext.bench sass`):
+no register spills in any of our kernels, <= 80 registers for verify / sample (3 blocks of
+256 threads per SM on an H200), and at least one 128-bit global load in every verify and
+sample instantiation. Skipped on a CPU-only build or when no cuobjdump is found."""
+import pytest
+
+from specdec_ext.bench import sass
+
+MAX_REGS = 80
+# every (logits, probs) dtype pair of verify and every logits dtype of sample
+N_VERIFY, N_SAMPLE = 9, 3
+
+
+@pytest.fixture(scope="module")
+def rows():
+    lib = sass.find_library()
+    if not lib:
+        pytest.skip("no built specdec_ext/_C*.so")
+    tool = sass.find_cuobjdump()
+    if not tool:
+        pytest.skip("no cuobjdump (triton/backends/nvidia/bin, PATH or CUDA_HOME/bin)")
+    try:
+        rows = sass.analyse(lib, tool)
+    except sass.NoDeviceCode as e:
+        pytest.skip(f"CPU-only build: {e}")
+    return [r for r in rows if r["arch"] is not None]
+
+
+def _of(rows, kind):
+    return [r for r in rows if r["kind"] == kind]
+
+
+def test_parser_units():
+    assert sass.ldg_width("LDG.E.128") == 128
+    assert sass.ldg_width("LDG.E.128.CONSTANT") == 128
+    assert sass.ldg_width("LDG.E.64") == 64
+    assert sass.ldg_width("LDG.E.U16") == 16
+    assert sass.ldg_width("LDG.E") == 32
+    assert sass.blocks_per_sm(80, 1024) == (3, "regs")
+    assert sass.blocks_per_sm(96, 1024)[0] == 2
+    assert sass.blocks_per_sm(32, 0)[0] == 8
+    assert sass.blocks_per_sm(24, 0) == (8, "threads")
+
+
+def test_all_kernels_found(rows):
+    archs = {r["arch"] for r in rows}
+    for arch in archs:
+        here = [r for r in rows if r["arch"] == arch]
+        assert len(_of(here, "verify")) == N_VERIFY, [r["name"] for r in here]
+        assert len(_of(here, "sample")) == N_SAMPLE, [r["name"] for r in here]
+        assert _of(here, "kv"), [r["name"] for r in here]
+
+
+def test_no_spills(rows):
+    bad = [(r["arch"], r["name"], r["stl"], r["ldl"], r["local"]) for r in rows if r["spills"]]
+    assert not bad, bad
+
+
+def test_registers_verify_sample(rows):
+    bad = [(r["arch"], r["name"], r["reg"]) for r in _of(rows, "verify") + _of(rows, "sample")
+           if r["reg"] is None or r["reg"] > MAX_REGS]
+    assert not bad, bad
+    for r in _of(rows, "verify") + _of(rows, "sample"):
+        assert r["blocks_per_sm"] >= 3, r
+
+
+def test_128bit_loads_verify_sample(rows):
+    bad = [(r["arch"], r["name"], r["ldg128"]) for r in _of(rows, "verify") + _of(rows, "sample")
+           if not r["ldg128"]]
+    assert not bad, bad
