@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--hf", action="store_true", help="load with transformers instead of the reference model")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the reference model's decode steps (the first steps compile for seconds)")
     ap.add_argument("--metrics-port", type=_int_at_least(0), default=None,
                     help="serve /metrics on this port while running")
     ap.add_argument("--no-progress", action="store_true")
@@ -123,6 +125,8 @@ def check_args(ap: argparse.ArgumentParser, args) -> dict:
         ap.error(f"--prompt-ids: id {max(args.prompt_ids)} is outside the vocabulary [0, {V})")
     if args.eos_id is not None and V and args.eos_id >= V:
         ap.error(f"--eos-id {args.eos_id} is outside the vocabulary [0, {V})")
+    if args.compile and args.hf:
+        ap.error("--compile applies to the reference model, not to --hf")
     if args.prompt is not None and not os.path.exists(_tokenizer_path(args)):
         ap.error(f"--prompt needs a tokenizer: {_tokenizer_path(args)} not found (use --prompt-ids)")
     if args.prompt is not None and not args.prompt:
@@ -198,6 +202,8 @@ def run(args, cfg: dict) -> int:
         raise SystemExit("error: the prompt encodes to no tokens")
     eos = _eos(args, cfg)
     target, draft = _load(args)
+    if args.compile:
+        target, draft = target.compile_decode(), draft.compile_decode()
     metrics = SpecDecMetrics(engine="cli") if args.metrics_port is not None else None
     server = metrics.serve(args.metrics_port) if metrics else None
     engine = SpeculativeEngine(target, None if args.drafter == "ngram" else draft, k=args.k,
