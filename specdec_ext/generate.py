@@ -81,9 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--adaptive", nargs="?", const="cost", default="cost", choices=["cost", "threshold"],
                     help="adapt K in [0, k] (default: the cost model; 'threshold' = the simple rule)")
     ap.add_argument("--fixed-k", action="store_true", help="always draft exactly --k tokens (no adaptation)")
-    ap.add_argument("--drafter", choices=["model", "ngram", "hybrid"], default="hybrid",
+    ap.add_argument("--drafter", choices=["model", "ngram", "hybrid"], default="ngram",
                     help="where drafts come from: the draft model, prompt lookup (n-gram) in the prompt and "
-                         "output, or n-gram where a match exists and the model elsewhere (default)")
+                         "output (default: measured fastest on the bundled pair), or n-gram where a match "
+                         "exists and the model elsewhere")
     ap.add_argument("--max-ngram", type=_int_at_least(1), default=3, help="longest suffix n-gram matched")
     ap.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
     ap.add_argument("--seed", type=int, default=0)
