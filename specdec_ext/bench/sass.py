@@ -91,23 +91,32 @@ def _run(tool, args, lib):
     return r.stdout
 
 
-def parse_res_usage(text):
-    """{(arch, mangled name): {reg, stack, shared, local}} from `cuobjdump -res-usage`."""
-    out, arch, fn = {}, None, None
+def _function_lines(text, header):
+    """(arch, function, line) for every line of a cuobjdump listing that belongs to a
+    function; ``header`` matches the line that opens a function (group 1: its name)."""
+    arch, fn = None, None
     for line in text.splitlines():
         m = re.match(r"\s*arch\s*=\s*(sm_\w+)", line)
         if m:
-            arch = m.group(1)
+            arch, fn = m.group(1), None
             continue
-        m = re.match(r"\s*Function\s+([^\s:]+)\s*:", line)
+        m = re.match(header, line)
         if m:
             fn = m.group(1)
+            yield arch, fn, None  # the function starts
             continue
-        if fn and "REG:" in line:
+        if fn is not None:
+            yield arch, fn, line
+
+
+def parse_res_usage(text):
+    """{(arch, mangled name): {reg, stack, shared, local}} from `cuobjdump -res-usage`."""
+    out = {}
+    for arch, fn, line in _function_lines(text, r"\s*Function\s+([^\s:]+)\s*:"):
+        if line is not None and "REG:" in line and (arch, fn) not in out:
             vals = dict(re.findall(r"([A-Z]+(?:\[\d+\])?):(\d+)", line))
             out[(arch, fn)] = dict(reg=int(vals.get("REG", 0)), stack=int(vals.get("STACK", 0)),
                                    shared=int(vals.get("SHARED", 0)), local=int(vals.get("LOCAL", 0)))
-            fn = None
     return out
 
 
@@ -127,18 +136,10 @@ def ldg_width(opcode):
 
 def parse_sass(text):
     """{(arch, mangled name): counters} from `cuobjdump -sass`."""
-    out, arch, fn = {}, None, None
-    for line in text.splitlines():
-        m = re.match(r"\s*arch\s*=\s*(sm_\w+)", line)
-        if m:
-            arch = m.group(1)
-            continue
-        m = re.match(r"\s*Function\s*:\s*(\S+)", line)
-        if m:
-            fn = m.group(1)
+    out = {}
+    for arch, fn, line in _function_lines(text, r"\s*Function\s*:\s*(\S+)"):
+        if line is None:
             out[(arch, fn)] = dict(ldg128=0, ldg64=0, ldg_narrow=0, stl=0, ldl=0, instructions=0)
-            continue
-        if fn is None:
             continue
         m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
         if not m:

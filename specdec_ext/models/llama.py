@@ -608,6 +608,42 @@ class LlamaSpecModel(SpecModel):
 _MATMUL_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::matmul")
 
 
+def _wall_ms(step, undo, iters: int) -> float:
+    """Mean wall time (ms) of the faster half of ``iters`` calls of ``step`` (``undo`` after each)."""
+    import time
+
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+        undo()
+    times.sort()
+    half = max(1, len(times) // 2)
+    return 1e3 * sum(times[:half]) / half
+
+
+def _profiled(step, undo, undo_alone, iters: int):
+    """(step µs, matmul self µs, aten ops) summed over ``iters`` profiled steps. The undo
+    calls run inside the profile but outside the step's record_function; their ops are
+    subtracted by profiling ``undo_alone`` on its own."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(iters):
+            with torch.profiler.record_function("step_profile.step"):
+                step()
+            undo()
+    events = prof.key_averages()
+    step_us = sum(e.cpu_time_total for e in events if e.key == "step_profile.step")
+    matmul_us = sum(e.self_cpu_time_total for e in events if e.key in _MATMUL_OPS)
+    n_ops = sum(e.count for e in events if e.key.startswith("aten::"))
+    with profile(activities=[ProfilerActivity.CPU]) as prof_undo:
+        for _ in range(iters):
+            undo_alone()
+    return step_us, matmul_us, n_ops - sum(e.count for e in prof_undo.key_averages() if e.key.startswith("aten::"))
+
+
 def step_profile(model: LlamaModel, tokens: int = 1, *, batch: int = 1, context: int = 64, iters: int = 50,
                  threads: Optional[int] = 1, forward=None, print_result: bool = True) -> Dict[str, float]:
     """Profile one decode step of ``tokens`` tokens per row after a ``context``-token prefill.
@@ -620,10 +656,6 @@ def step_profile(model: LlamaModel, tokens: int = 1, *, batch: int = 1, context:
     positions. ``threads`` sets ``torch.set_num_threads`` for the run (restored after);
     ``forward`` replaces ``model.forward`` (e.g. a compiled step), default the model itself.
     """
-    import time
-
-    from torch.profiler import ProfilerActivity, profile
-
     fwd = model if forward is None else forward
     old_threads = torch.get_num_threads()
     if threads is not None:
@@ -635,37 +667,12 @@ def step_profile(model: LlamaModel, tokens: int = 1, *, batch: int = 1, context:
         cache = model.new_cache(batch, context + tokens + 1)
         model(prompt, cache)
         kept = torch.zeros(batch, dtype=torch.int64, device=model.device)
-
-        def one():
-            out = fwd(step_ids, cache)
-            cache.rollback(tokens, kept)
-            return out
-
         for _ in range(5):  # warm up (and compile, if ``forward`` is compiled)
-            one()
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
             fwd(step_ids, cache)
-            times.append(time.perf_counter() - t0)
             cache.rollback(tokens, kept)
-        times.sort()
-        forward_ms = 1e3 * sum(times[: max(1, len(times) // 2)]) / max(1, len(times) // 2)  # mean of the faster half
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(iters):
-                with torch.profiler.record_function("step_profile.step"):
-                    fwd(step_ids, cache)
-                cache.rollback(tokens, kept)
-        events = prof.key_averages()
-        step_us = sum(e.cpu_time_total for e in events if e.key == "step_profile.step")
-        matmul_us = sum(e.self_cpu_time_total for e in events if e.key in _MATMUL_OPS)
-        n_ops = sum(e.count for e in events if e.key.startswith("aten::"))
-        # ops counted during the steps only (rollbacks are outside the record_function but
-        # inside the profile: subtract their ops by profiling them alone)
-        with profile(activities=[ProfilerActivity.CPU]) as prof_rb:
-            for _ in range(iters):
-                cache.rollback(0, kept)
-        n_ops -= sum(e.count for e in prof_rb.key_averages() if e.key.startswith("aten::"))
+        forward_ms = _wall_ms(lambda: fwd(step_ids, cache), lambda: cache.rollback(tokens, kept), iters)
+        step_us, matmul_us, n_ops = _profiled(lambda: fwd(step_ids, cache), lambda: cache.rollback(tokens, kept),
+                                              lambda: cache.rollback(0, kept), iters)
     finally:
         torch.set_num_threads(old_threads)
     res = {"forward_ms": forward_ms, "profiled_ms": step_us / 1e3 / iters, "matmul_ms": matmul_us / 1e3 / iters,
