@@ -9,6 +9,8 @@ Same prompts, same max_new_tokens, one run, per device (CPU, and CUDA when prese
 * Hugging Face ``generate(assistant_model=draft)``, ``generate(prompt_lookup_num_tokens=)``
   and plain ``generate`` on the same weights (when transformers is installed; assisted and
   prompt-lookup generation are batch 1 only)
+* with ``--compile``: the n-gram engine on the reference model's torch.compile'd decode
+  steps, next to the eager row
 * batch 1 and batch 8
 
 Columns: tokens/s; alpha (per-token acceptance, accepted / tested drafts); tokens per
@@ -20,6 +22,7 @@ c = draft time per draft token / target-only time per token.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -135,6 +138,11 @@ def bench_device(device, args, rows, bar):
                 run_engine(target, None, max(args.k), "cost", T, groups, args.max_new_tokens))
             add("engine hybrid", f"<={max(args.k)}",
                 run_engine(target, draft, max(args.k), "cost", T, groups, args.max_new_tokens, drafter="hybrid"))
+            if args.compile:  # the same n-gram engine on the compiled reference model (eager above)
+                compiled = copy.deepcopy(target).compile_decode()
+                run_engine(compiled, None, 2, False, T, groups[:1], 8)  # compile outside the timing
+                add("engine ngram compiled", f"<={max(args.k)}",
+                    run_engine(compiled, None, max(args.k), "cost", T, groups, args.max_new_tokens))
             if hf_target is not None:
                 add("HF generate", "-", run_hf(hf_target, None, T, groups, args.max_new_tokens, False))
                 if B == 1:
@@ -197,6 +205,8 @@ def main(argv):
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PNG", help="speedup vs K, measured and predicted (needs matplotlib)")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--compile", action="store_true",
+                    help="add an 'engine ngram compiled' row: the n-gram engine on torch.compile'd decode steps")
     args = ap.parse_args(argv)
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     if "cuda" in devices and not torch.cuda.is_available():
