@@ -176,9 +176,8 @@ def bench_device(device, grid, with_compile, rows, on_row=lambda: None, cold=Fal
                                torch=lambda: torch_verify(logits, ids, q, 1.0),
                                compile=(lambda: compiled(logits, ids, q, 1.0)) if compiled else None,
                                flashinfer=fi)
-                    r = dict(op="verify", device=device, dtype=dt, B=B, K=K, V=V, accept_rate=alpha, copy_gbps=peak)
-                    r.update(_measure(device, fns, nbytes, peak, cold, flush))
-                    rows.append(r)
+                    rows.append(dict(op="verify", device=device, dtype=dt, B=B, K=K, V=V, accept_rate=alpha,
+                                     copy_gbps=peak, **_measure(device, fns, nbytes, peak, cold, flush)))
                     print_row(rows[-1], cold)
                     on_row()
                     del logits, ids, q
@@ -193,9 +192,8 @@ def bench_device(device, grid, with_compile, rows, on_row=lambda: None, cold=Fal
                            torch=lambda: torch_sample(logits, 1.0),
                            compile=(lambda: compiled_sample(logits, 1.0)) if compiled_sample else None,
                            flashinfer=fi)
-                r = dict(op="sample", device=device, dtype=dt, B=B, K=None, V=V, accept_rate=None, copy_gbps=peak)
-                r.update(_measure(device, fns, nbytes, peak, cold, flush))
-                rows.append(r)
+                rows.append(dict(op="sample", device=device, dtype=dt, B=B, K=None, V=V, accept_rate=None,
+                                 copy_gbps=peak, **_measure(device, fns, nbytes, peak, cold, flush)))
                 print_row(rows[-1], cold)
                 on_row()
                 del logits

@@ -182,6 +182,7 @@ class SpeculativeEngine:
         run = Run(ids, prompts, max_new_tokens, eos, pad, self._to_device(temps), bool((temps == 0).all()), seed,
                   StepKeys(self.k_max), make_policy(self.policy_kind, self.k_max), costs,
                   self._to_device(torch.tensor([p[-1] for p in prompts], dtype=torch.int64)))
+        run.draft_model = self.draft is not None
         if self.drafter != "model":
             run.ngram = [NgramIndex(self.max_ngram) for _ in prompts]
             for index, p in zip(run.ngram, prompts):

@@ -35,6 +35,7 @@ class Run:
     last: torch.Tensor                # [B] int64 on the device: the last committed token
     cache_len: int = 0                # positions each model's cache holds per row
     ngram: Optional[List[NgramIndex]] = None  # per-row prompt-lookup index (n-gram / hybrid drafting)
+    draft_model: bool = True          # a draft model runs (else ``pending`` is not tracked: nothing reads it)
     generated: List[List[int]] = field(default_factory=list)
     pending: List[List[int]] = field(default_factory=list)
     active: List[bool] = field(default_factory=list)
@@ -72,7 +73,8 @@ class Run:
             self.generated[b].extend(c.emitted)
             if self.ngram is not None:
                 self.ngram[b].extend(c.emitted)
-            self.pending[b] = c.draft_pending
+            if self.draft_model:
+                self.pending[b] = c.draft_pending
             self.active[b] = not c.done
             self.stats[b].record(k, c.accepted, len(c.emitted))
             self.alpha.update(b, k, c.accepted)

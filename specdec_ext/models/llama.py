@@ -105,19 +105,23 @@ class _Fused(nn.Module):
         self.register_state_dict_post_hook(_Fused._split_state)
         self.register_load_state_dict_pre_hook(_Fused._merge_state)
 
+    @staticmethod
+    def _split(t: torch.Tensor, parts, attr: str) -> Dict[str, torch.Tensor]:
+        """HF-relative name (e.g. ``"q_proj.weight"``) -> the rows of fused tensor ``t`` it holds."""
+        out, start = {}, 0
+        for name, rows in parts:
+            out[f"{name}.{attr}"] = t.narrow(0, start, rows)
+            start += rows
+        return out
+
     def hf_views(self) -> Dict[str, torch.Tensor]:
         """HF-relative name (e.g. ``"q_proj.weight"``) -> view of the fused tensor holding it."""
         out: Dict[str, torch.Tensor] = {}
         for fused_name, parts in self._parts:
-            fused = getattr(self, fused_name)
             for attr in ("weight", "bias"):
-                t = getattr(fused, attr)
-                if t is None:
-                    continue
-                start = 0
-                for name, rows in parts:
-                    out[f"{name}.{attr}"] = t.narrow(0, start, rows)
-                    start += rows
+                t = getattr(getattr(self, fused_name), attr)
+                if t is not None:
+                    out.update(_Fused._split(t, parts, attr))
         return out
 
     @staticmethod
@@ -125,12 +129,8 @@ class _Fused(nn.Module):
         for fused_name, parts in module._parts:
             for attr in ("weight", "bias"):
                 t = state_dict.pop(f"{prefix}{fused_name}.{attr}", None)
-                if t is None:
-                    continue
-                start = 0
-                for name, rows in parts:
-                    state_dict[f"{prefix}{name}.{attr}"] = t.narrow(0, start, rows)
-                    start += rows
+                if t is not None:
+                    state_dict.update({prefix + k: v for k, v in _Fused._split(t, parts, attr).items()})
 
     @staticmethod
     def _merge_state(module, state_dict, prefix, *args) -> None:

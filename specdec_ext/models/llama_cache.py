@@ -52,6 +52,14 @@ def _from_storage(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.view(torch.float64) if dtype == torch.float64 else t
 
 
+def _check_rows_fit(row_lengths: Sequence[int], max_len: int) -> None:
+    """Raise ``CacheFullError`` if a row would need more than ``max_len`` positions."""
+    over = [b for b, n in enumerate(row_lengths) if n > max_len]
+    if over:
+        raise CacheFullError(f"rows {over} need {[row_lengths[b] for b in over]} positions but the cache "
+                             f"holds max_len={max_len}")
+
+
 @dataclasses.dataclass
 class LlamaCacheStep:
     """One forward step of S tokens per row.
@@ -134,10 +142,7 @@ class ContiguousLlamaCache:
 
     def reserve(self, row_lengths: Sequence[int]) -> None:
         """Raise ``CacheFullError`` if a row would need more than ``max_len`` positions."""
-        over = [b for b, n in enumerate(row_lengths) if n > self.max_len]
-        if over:
-            raise CacheFullError(f"rows {over} need {[row_lengths[b] for b in over]} positions but the cache "
-                                 f"holds max_len={self.max_len}")
+        _check_rows_fit(row_lengths, self.max_len)
 
     def rollback(self, num_appended: int, num_kept: Union[torch.Tensor, Sequence[int], int]) -> None:
         """lengths[b] -= num_appended - num_kept[b]. A device ``num_kept`` causes no host sync
@@ -190,8 +195,7 @@ class PagedLlamaCache:
     def reserve(self, row_lengths: Sequence[int]) -> None:
         """Raise ``OutOfBlocksError`` if the block pool cannot hold every row at
         ``row_lengths[b]`` tokens at once (or a row exceeds ``max_len``)."""
-        if any(n > self.max_len for n in row_lengths):
-            raise CacheFullError(f"a row needs {max(row_lengths)} positions but the cache holds max_len={self.max_len}")
+        _check_rows_fit(row_lengths, self.max_len)
         need = sum(ceil_div(n, self.paged.block_size) for n in row_lengths)
         if need > self.paged.num_blocks:
             raise OutOfBlocksError(f"the request needs {need} KV-cache blocks of {self.paged.block_size} tokens "
