@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "core/verify_math.h"
+#include "core/sampling_reference.h"
 
 namespace {
 using namespace specdec;

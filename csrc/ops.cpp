@@ -27,23 +27,38 @@ TORCH_LIBRARY(specdec, m) {
   //   seed, offset    int64 [] (batch-wide, row index mixed in) or [B] (per row)
   //   (temperature, seed and offset live on the data's device, or are CPU tensors: 0-dim ones
   //   are read on the host, [B] ones copied to the device without a host sync)
-  // A row is invalid (tokens -1, num_accepted 0, valid false) exactly for NaN / +inf logits,
-  // all -inf logits at a used position, an unusable temperature, a draft id outside [0, V) or a
-  // bad draft probability the op reads (core/verify_math.h); finite logits never are.
+  //   top_k           int64|int32 [] or [B], or None: keep logits >= the k-th largest (0 = off)
+  //   top_p           float32 [] or [B], or None: nucleus on the top-k survivors, in (0, 1] (1 = off)
+  //   min_p           float32 [] or [B], or None: keep p >= min_p * max p, in [0, 1) (0 = off)
+  //                   (core/filter_math.h; HF warper order; never applied to greedy rows. CPU
+  //                   tensors are checked on the host (ValueError); a bad value in a device
+  //                   tensor makes its row invalid)
+  //   num_drafts      int64|int32 [B] in [0, K], or None (= K): row b tests drafts
+  //                   0..num_drafts[b]-1, its bonus comes from position num_drafts[b], later
+  //                   positions are not read (CPU tensor: checked; device: out of range = invalid row)
+  //   coupled         false: Leviathan's ratio test. true: the token at verified position i of
+  //                   row b is sample(target_logits[b, i], ..., offset = offset[b] + i) (row b's
+  //                   sample stream); a draft is accepted iff it equals it (draft_probs not read)
+  // A row is invalid (tokens -1, num_accepted 0, valid false) exactly for NaN / +inf logits at
+  // positions 0..num_drafts[b], all -inf logits at a used position, an unusable temperature or
+  // filter value, num_drafts[b] outside [0, K], a draft id outside [0, V) among the tested ones
+  // or a bad draft probability the op reads (core/verify_math.h); finite logits never are.
   // returns tokens [B, K+1] int64 (accepted drafts, correction/bonus, then -1),
   //         num_accepted [B] int64, valid [B] bool
   m.def("verify(Tensor target_logits, Tensor draft_token_ids, Tensor? draft_probs, "
-        "Tensor temperature, Tensor seed, Tensor offset) -> (Tensor, Tensor, Tensor)");
+        "Tensor temperature, Tensor seed, Tensor offset, Tensor? top_k=None, Tensor? top_p=None, "
+        "Tensor? min_p=None, Tensor? num_drafts=None, bool coupled=False) -> (Tensor, Tensor, Tensor)");
 
   // Fused draft-step sampler: temperature softmax + one draw per row.
   //   logits      [B, V] float32|float16|bfloat16 (any row stride)
   //   temperature, seed, offset as in verify
-  //   probs_out   [B, V] float32 written in place with the normalised probabilities
+  //   probs_out   [B, V] float32 written in place with the normalised (filtered) probabilities
   //               (may be a strided slice such as draft_probs[:, i]), or None
+  //   top_k, top_p, min_p as in verify: the draw and probs_out follow the filtered law q'
   // returns tokens [B] int64 (-1 for a row with NaN / +inf / all -inf logits or an unusable
-  // temperature; such a row's probs_out is all 0)
+  // temperature or filter value; such a row's probs_out is all 0)
   m.def("sample(Tensor logits, Tensor temperature, Tensor seed, Tensor offset, "
-        "Tensor(a!)? probs_out) -> Tensor");
+        "Tensor(a!)? probs_out, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None) -> Tensor");
 
   // ---- DEBUG / TEST ONLY: slow scalar references (csrc/cpu/sampling_cpu.cpp, CPU kernels only) ----
   // The readable statement of the algorithm (core/verify_math.h: verify_row_reference,
@@ -55,8 +70,10 @@ TORCH_LIBRARY(specdec, m) {
   //   sample_reference: arguments as sample; returns tokens [B] int64 and probs [B, V] float32
   //                     (what sample writes to probs_out)
   m.def("verify_reference(Tensor target_logits, Tensor draft_token_ids, Tensor? draft_probs, "
-        "Tensor temperature, Tensor seed, Tensor offset) -> (Tensor, Tensor, Tensor)");
-  m.def("sample_reference(Tensor logits, Tensor temperature, Tensor seed, Tensor offset) -> (Tensor, Tensor)");
+        "Tensor temperature, Tensor seed, Tensor offset, Tensor? top_k=None, Tensor? top_p=None, "
+        "Tensor? min_p=None, Tensor? num_drafts=None, bool coupled=False) -> (Tensor, Tensor, Tensor)");
+  m.def("sample_reference(Tensor logits, Tensor temperature, Tensor seed, Tensor offset, "
+        "Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None) -> (Tensor, Tensor)");
 
   // ---- KV cache (csrc/cpu/kv_cache_cpu.cpp, csrc/cuda/kv_cache_cuda.cu) ----
   // Shapes: H kv heads, D head dim, M = max_len, S new tokens per row, T tokens,
@@ -115,7 +132,7 @@ TORCH_LIBRARY(specdec, m) {
 // ---- The device rule of every op, checked before any kernel is chosen ----
 // Every tensor argument must be on the op's device: the device of its FIRST
 // tensor argument (target_logits, logits, key_cache, lengths). The sampling ops'
-// temperature, seed and offset may also be CPU tensors when the data is on an
+// temperature, seed, offset, filters and num_drafts may also be CPU tensors when the data is on an
 // accelerator (a 0-dim one is read on the host, a [B] one copied without a host
 // sync). Anything else (e.g. a meta tensor among CPU tensors, which the
 // dispatcher would otherwise route to the fake kernel and return garbage) is a
@@ -124,7 +141,11 @@ TORCH_LIBRARY(specdec, m) {
 // never get here) and before the CPU / CUDA / Meta kernel is picked.
 namespace {
 
-bool may_be_host(const std::string& name) { return name == "temperature" || name == "seed" || name == "offset"; }
+bool may_be_host(const std::string& name) {
+  for (const char* n : {"temperature", "seed", "offset", "top_k", "top_p", "min_p", "num_drafts"})
+    if (name == n) return true;
+  return false;
+}
 
 void device_guard(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const auto& schema_args = op.schema().arguments();

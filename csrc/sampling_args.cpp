@@ -64,12 +64,57 @@ RowRandomness randomness(const at::Tensor& seed, const at::Tensor& offset, const
   return r;
 }
 
+// Values of a CPU tensor (any shape), read on the host.
+template <typename T>
+std::vector<T> host_values(const at::Tensor& t) {
+  at::Tensor c = t.to(c10::CppTypeToScalarType<T>::value).contiguous();
+  const T* p = c.const_data_ptr<T>();
+  return std::vector<T>(p, p + c.numel());
+}
+
+// The filters: each None (off), a 0-dim tensor or a [B] tensor. Values the host can
+// see (CPU tensors) must be in range, else ValueError; a device tensor's bad value
+// makes its row invalid (no host sync).
+RowFilters row_filters(const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+                       const std::optional<at::Tensor>& min_p, const at::Tensor& ref, int64_t B,
+                       std::vector<at::Tensor>& keep) {
+  RowFilters f;
+  if (top_k.has_value()) {
+    TORCH_CHECK_TYPE(args::is_index_dtype(*top_k), "top_k must be an int or an int64 tensor, got ",
+                     top_k->scalar_type());
+    if (top_k->device().is_cpu())
+      for (int64_t k : host_values<int64_t>(*top_k)) TORCH_CHECK_VALUE(k >= 0, "top_k must be >= 0 (0 = off), got ", k);
+    f.top_k = per_row_value<int64_t>(*top_k, ref, B, "top_k", "an int", keep);
+    f.any = true;
+  }
+  if (top_p.has_value()) {
+    TORCH_CHECK_TYPE(top_p->is_floating_point(), "top_p must be a float or a floating tensor, got ",
+                     top_p->scalar_type());
+    if (top_p->device().is_cpu())
+      for (float p : host_values<float>(*top_p))
+        TORCH_CHECK_VALUE(p > 0.0f && p <= 1.0f, "top_p must be in (0, 1] (1 = off), got ", p);
+    f.top_p = per_row_value<float>(*top_p, ref, B, "top_p", "a float", keep);
+    f.any = true;
+  }
+  if (min_p.has_value()) {
+    TORCH_CHECK_TYPE(min_p->is_floating_point(), "min_p must be a float or a floating tensor, got ",
+                     min_p->scalar_type());
+    if (min_p->device().is_cpu())
+      for (float p : host_values<float>(*min_p))
+        TORCH_CHECK_VALUE(p >= 0.0f && p < 1.0f, "min_p must be in [0, 1) (0 = off), got ", p);
+    f.min_p = per_row_value<float>(*min_p, ref, B, "min_p", "a float", keep);
+    f.any = true;
+  }
+  return f;
+}
+
 }  // namespace
 
 VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
                             const std::optional<at::Tensor>& draft_probs,
                             const at::Tensor& temperature, const at::Tensor& seed,
-                            const at::Tensor& offset) {
+                            const at::Tensor& offset, const SamplingFilters& filters,
+                            const std::optional<at::Tensor>& num_drafts, bool coupled) {
   VerifyLaunch L;
   VerifyParams& P = L.params;
   TORCH_CHECK_VALUE(target_logits.dim() == 3, "target_logits must be [B, K+1, V], got shape ", target_logits.sizes());
@@ -115,6 +160,22 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
   }
   P.temperature = per_row_temperature(temperature, target_logits, B, L.keep_alive);
   P.rnd = randomness(seed, offset, target_logits, B, L.keep_alive);
+  P.filters = row_filters(filters.top_k, filters.top_p, filters.min_p, target_logits, B, L.keep_alive);
+  TORCH_CHECK_VALUE(!P.filters.any || V < kMaxFilterVocab, "top_k / top_p / min_p need V < 2^23, got V = ", V);
+  if (num_drafts.has_value()) {
+    const at::Tensor& n = *num_drafts;
+    TORCH_CHECK_TYPE(args::is_index_dtype(n), "num_drafts must be an int64 or int32 tensor, got ", n.scalar_type());
+    TORCH_CHECK_VALUE(n.dim() == 1 && n.size(0) == B, "num_drafts must be [B] = [", B, "], got shape ", n.sizes());
+    args::check_device_or_host(n, target_logits, "num_drafts", "target_logits");
+    if (n.device().is_cpu())
+      for (int64_t k : host_values<int64_t>(n))
+        TORCH_CHECK_VALUE(k >= 0 && k <= K, "num_drafts values must be in [0, K = ", K, "], got ", k);
+    at::Tensor c = n.to(target_logits.device(), at::kLong, /*non_blocking=*/true);
+    L.keep_alive.push_back(c);
+    P.num_drafts = c.const_data_ptr<int64_t>();
+    P.num_drafts_stride = c.stride(0);
+  }
+  P.coupled = coupled;
 
   const auto long_opts = target_logits.options().dtype(at::kLong);
   L.tokens = at::empty({B, K + 1}, long_opts);
@@ -128,7 +189,7 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
 
 SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperature,
                             const at::Tensor& seed, const at::Tensor& offset,
-                            const std::optional<at::Tensor>& probs_out) {
+                            const std::optional<at::Tensor>& probs_out, const SamplingFilters& filters) {
   SampleLaunch L;
   SampleParams& P = L.params;
   TORCH_CHECK_VALUE(logits.dim() == 2, "logits must be [B, V], got shape ", logits.sizes());
@@ -143,6 +204,8 @@ SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperat
   P.V = V;
   P.temperature = per_row_temperature(temperature, logits, B, L.keep_alive);
   P.rnd = randomness(seed, offset, logits, B, L.keep_alive);
+  P.filters = row_filters(filters.top_k, filters.top_p, filters.min_p, logits, B, L.keep_alive);
+  TORCH_CHECK_VALUE(!P.filters.any || V < kMaxFilterVocab, "top_k / top_p / min_p need V < 2^23, got V = ", V);
   if (probs_out.has_value()) {
     const at::Tensor& o = *probs_out;
     TORCH_CHECK_TYPE(o.scalar_type() == at::kFloat, "probs_out must be float32, got ", o.scalar_type());
@@ -154,7 +217,9 @@ SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperat
     TORCH_CHECK_VALUE(B <= 1 || o.stride(0) != 0, "probs_out rows must not overlap (stride 0 along B)");
     args::check_writes({args::named(o, "probs_out")},
                        {args::named(logits, "logits"), args::named(temperature, "temperature"),
-                        args::named(seed, "seed"), args::named(offset, "offset")});
+                        args::named(seed, "seed"), args::named(offset, "offset"),
+                        args::named(filters.top_k, "top_k"), args::named(filters.top_p, "top_p"),
+                        args::named(filters.min_p, "min_p")});
     P.probs_out = o.mutable_data_ptr<float>();
     P.probs_stride_b = o.stride(0);
   }

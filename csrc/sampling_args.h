@@ -11,6 +11,11 @@
 
 namespace specdec {
 
+// The optional filter arguments of both ops (None = off).
+struct SamplingFilters {
+  std::optional<at::Tensor> top_k, top_p, min_p;
+};
+
 struct VerifyLaunch {
   VerifyParams params;
   DType logits_dtype = DType::kFloat32;
@@ -29,10 +34,11 @@ struct SampleLaunch {
 VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
                             const std::optional<at::Tensor>& draft_probs,
                             const at::Tensor& temperature, const at::Tensor& seed,
-                            const at::Tensor& offset);
+                            const at::Tensor& offset, const SamplingFilters& filters,
+                            const std::optional<at::Tensor>& num_drafts, bool coupled);
 
 SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperature,
                             const at::Tensor& seed, const at::Tensor& offset,
-                            const std::optional<at::Tensor>& probs_out);
+                            const std::optional<at::Tensor>& probs_out, const SamplingFilters& filters);
 
 }  // namespace specdec

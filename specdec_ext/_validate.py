@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["check_int", "check_temperature", "valid_temperature", "valid_temperatures"]
+__all__ = ["check_filter", "check_int", "check_temperature", "valid_temperature", "valid_temperatures"]
 
 _F32_MAX = float(torch.finfo(torch.float32).max)
 
@@ -61,4 +61,28 @@ def check_temperature(value, name: str = "temperature") -> float:
         why = "its inverse overflows float32" if value > 0 and math.isfinite(value) else "it must be >= 0 and finite"
         raise ValueError(f"{name} must be 0 (greedy) or a positive finite float with a finite inverse in "
                          f"float32; got {value!r} ({why})")
+    return value
+
+
+# name -> (python type, check on the float32 / int64 value, what the error says)
+_FILTERS = {
+    "top_k": (int, lambda v: v >= 0, "an int >= 0 (0 = off)"),
+    "top_p": (float, lambda v: 0.0 < v <= 1.0, "a float in (0, 1] (1 = off)"),
+    "min_p": (float, lambda v: 0.0 <= v < 1.0, "a float in [0, 1) (0 = off)"),
+}
+
+
+def check_filter(name: str, value):
+    """A Python top_k (int) / top_p / min_p (float) checked by the kernels' rule; returns the
+    value as the kernels see it (top_p / min_p rounded to float32). ``TypeError`` for the
+    wrong type, ``ValueError`` outside the range."""
+    kind, ok, what = _FILTERS[name]
+    if kind is int:
+        value = check_int(name, value)
+    else:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be {what} or a tensor [B], got {type(value).__name__} {value!r}")
+        value = float(torch.tensor(float(value), dtype=torch.float32))
+    if not ok(value):
+        raise ValueError(f"{name} must be {what} or a tensor [B], got {value!r}")
     return value

@@ -50,6 +50,16 @@ struct RowRng {
       : k0(static_cast<uint32_t>(key)), k1(static_cast<uint32_t>(key >> 32)),
         off_lo(static_cast<uint32_t>(offset)), off_hi(static_cast<uint32_t>(offset >> 32)) {}
 
+  // The same key with the offset advanced by n (mod 2^64): coupled verify keys the
+  // target's own sample at verified position i by offset + i (verify_math.h).
+  SPECDEC_HD RowRng advanced(uint64_t n) const {
+    RowRng r = *this;
+    const uint64_t off = ((static_cast<uint64_t>(off_hi) << 32) | off_lo) + n;
+    r.off_lo = static_cast<uint32_t>(off);
+    r.off_hi = static_cast<uint32_t>(off >> 32);
+    return r;
+  }
+
   SPECDEC_HD Philox4 block(uint32_t stream, uint32_t position, uint32_t index) const {
     return philox4x32_10(index, position | (stream << 24), off_lo, off_hi, k0, k1);
   }

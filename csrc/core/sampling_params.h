@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "filter_math.h"
 #include "macros.h"
 #include "rng.h"
 
@@ -34,6 +35,25 @@ SPECDEC_HD RowRng make_row_rng(const RowRandomness& r, int64_t b) {
                 static_cast<uint64_t>(r.offset.get(b)));
 }
 
+// The filters of every row (core/filter_math.h). Each is one host value or a
+// per-row tensor; `any` is false when no filter argument was given, and then no
+// filter pass runs at all.
+struct RowFilters {
+  ScalarOrRow<int64_t> top_k;  // value 0 = off
+  ScalarOrRow<float> top_p{nullptr, 0, 1.0f};  // value 1 = off
+  ScalarOrRow<float> min_p;    // value 0 = off
+  bool any = false;
+  SPECDEC_HD FilterSpec get(int64_t row) const {
+    FilterSpec f;
+    if (any) {
+      f.top_k = top_k.get(row);
+      f.top_p = top_p.get(row);
+      f.min_p = min_p.get(row);
+    }
+    return f;
+  }
+};
+
 // specdec::verify. Element strides of the vocabulary dim are 1.
 struct VerifyParams {
   const void* logits = nullptr;       // [B, K+1, V] float32|fp16|bf16
@@ -44,9 +64,15 @@ struct VerifyParams {
   int64_t B = 0, K = 0, V = 0;
   ScalarOrRow<float> temperature;      // per row; 0 = greedy; < 0 or NaN = invalid row
   RowRandomness rnd;
+  RowFilters filters;
+  const int64_t* num_drafts = nullptr;  // [B] drafts row b tests (in [0, K], else invalid), or nullptr = K
+  int64_t num_drafts_stride = 0;
+  bool coupled = false;                 // coupled mode (verify_math.h); draft_probs not read
   int64_t* tokens = nullptr;           // [B, K+1] out
   int64_t* num_accepted = nullptr;     // [B] out
   bool* valid = nullptr;               // [B] out
+  // drafts row b tests: num_drafts[b] (may be out of range: the row is then invalid), or K
+  SPECDEC_HD int64_t drafts_of(int64_t row) const { return num_drafts ? num_drafts[row * num_drafts_stride] : K; }
 };
 
 // specdec::sample.
@@ -56,6 +82,7 @@ struct SampleParams {
   int64_t B = 0, V = 0;
   ScalarOrRow<float> temperature;
   RowRandomness rnd;
+  RowFilters filters;
   int64_t* tokens = nullptr;       // [B] out
   float* probs_out = nullptr;      // [B, V] float32 out, or nullptr
   int64_t probs_stride_b = 0;

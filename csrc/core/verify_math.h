@@ -1,7 +1,6 @@
 // Per-row math of speculative verification and sampling, shared by the CPU and
-// CUDA kernels, plus a scalar reference of one row over raw float arrays (used
-// by cpp_tests, by the debug op specdec::verify_reference and as the readable
-// statement of the algorithm).
+// CUDA kernels (the scalar reference of one row, the readable statement of the
+// algorithm, is core/sampling_reference.h; filters are core/filter_math.h).
 //
 // Notation for one row: logits l_i[v] at positions i = 0..K, inverse temperature
 // a = 1/T, m_i = max_v l_i[v] (the max of the RAW logits), and
@@ -40,7 +39,19 @@
 //   rounding) the same race runs on p.
 // * Bonus token (all K accepted): the race on p_K.
 // * Greedy rows (T == 0): accept iff x == argmax l_i (first index of the max);
-//   correction / bonus = argmax.
+//   correction / bonus = argmax. Filters never apply to greedy rows.
+// * Filters (top-k / top-p / min-p, core/filter_math.h) turn every logit below
+//   the position's cutoff into -inf before any of the above: the max is kept, so
+//   m, the ratio test and the races run unchanged on the filtered law p'.
+// * Per-row draft counts: row b tests drafts 0..n_b - 1 (n_b = num_drafts[b] in
+//   [0, K], else the row is invalid) and its bonus comes from position n_b;
+//   positions after n_b are never read and their tokens are -1.
+// * Coupled mode: the token the target "samples" at position i is the race of
+//   specdec::sample on p'_i keyed by the row's sample streams at offset + i (the
+//   row rng advanced by i). Draft i is accepted iff it equals that token; the
+//   first mismatch (or position n_b) emits it. Every emitted token is the
+//   target's own sample, so the text equals target-only sampling with the same
+//   seed and offsets, whatever K, the drafts or draft_probs (not read) are.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -146,154 +157,6 @@ SPECDEC_HD RaceBest race_merge(RaceBest a, RaceBest b) { return race_better(b.ke
 SPECDEC_HD float residual_weight(float e, float inv_s, float q) {
   const float w = e * inv_s - q;
   return w > 0.0f ? w : 0.0f;
-}
-
-// ---------------------------------------------------------------------------
-// Scalar reference of one verify row over float arrays.
-//   logits      [K+1, V] row-major, already float
-//   draft_probs [K, V] or nullptr (one-hot q at the draft ids)
-//   draft_ids   [K]
-//   tokens      [K+1] out; returns num_accepted, or -1 for an invalid row
-// ---------------------------------------------------------------------------
-struct ReferenceRowResult {
-  int64_t num_accepted;
-  bool valid;
-};
-
-inline SoftmaxStats reference_stats(const float* row_logits, int64_t V, float inv_t) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t v = 0; v < V; ++v) {
-    const float x = row_logits[v];
-    if (x != x) return SoftmaxStats{x, 0.0f};
-    m = x > m ? x : m;
-  }
-  float s = 0.0f;
-  if (usable_max(m))
-    for (int64_t v = 0; v < V; ++v) s += shifted_exp(row_logits[v], m, inv_t);
-  return SoftmaxStats{m, s};
-}
-
-inline int64_t reference_argmax(const float* row, int64_t V) {
-  int64_t best = 0;
-  for (int64_t v = 1; v < V; ++v)
-    if (row[v] > row[best]) best = v;
-  return best;
-}
-
-// The two-level race of one row position (see the notation above) over float
-// arrays: weights w = max(0, p - q) with q given by q_mode (q: the dense row,
-// draft: the one-hot id), falling back to p when every w is 0. Returns the
-// token, or -1 when an entry of a dense q row is a bad probability.
-inline int64_t reference_race(const float* row, int64_t V, float inv_t, SoftmaxStats st, QMode q_mode,
-                              const float* q, int64_t draft, const RowRng& rng, uint32_t tile_stream,
-                              uint32_t token_stream, uint32_t position) {
-  const float inv_s = 1.0f / st.sum;
-  bool bad = false;
-  // weight of token v in the residual (use_p = false) or in p (use_p = true)
-  auto weight = [&](int64_t v, bool use_p) {
-    const float e = shifted_exp(row[v], st.max, inv_t);
-    if (use_p) return e * inv_s;
-    float q_v = 0.0f;
-    if (q_mode == QMode::kDense) q_v = q[v];
-    if (q_mode == QMode::kOneHot) q_v = v == draft ? 1.0f : 0.0f;
-    bad = bad || bad_prob(q_v);
-    return residual_weight(e, inv_s, q_v);
-  };
-  RaceBest tile_w = race_empty(), tile_p = race_empty();
-  for (int64_t t = 0; t * kRaceTile < V; ++t) {
-    float W = 0.0f, Pt = 0.0f;
-    for (int64_t v = t * kRaceTile; v < V && v < (t + 1) * kRaceTile; ++v) {
-      W += weight(v, false);
-      Pt += weight(v, true);
-    }
-    const float E = race_exponential(rng, tile_stream, position, t);
-    if (race_better(W / E, t, tile_w)) tile_w = RaceBest{W / E, t};
-    if (race_better(Pt / E, t, tile_p)) tile_p = RaceBest{Pt / E, t};
-  }
-  if (bad) return -1;
-  const bool use_p = !(tile_w.key > 0.0f);
-  const int64_t t = use_p ? tile_p.index : tile_w.index;
-  RaceBest best = race_empty();
-  for (int64_t v = t * kRaceTile; v < V && v < (t + 1) * kRaceTile; ++v) {
-    const float key = weight(v, use_p) / race_exponential(rng, token_stream, position, v);
-    if (race_better(key, v, best)) best = RaceBest{key, v};
-  }
-  return best.index;
-}
-
-inline ReferenceRowResult verify_row_reference(const float* logits, const float* draft_probs,
-                                               const int64_t* draft_ids, int64_t K, int64_t V,
-                                               float temperature, const RowRng& rng,
-                                               int64_t* tokens) {
-  for (int64_t i = 0; i <= K; ++i) tokens[i] = -1;
-  const ReferenceRowResult invalid{0, false};
-  if (!valid_temperature(temperature)) return invalid;
-  for (int64_t i = 0; i < K; ++i)
-    if (draft_ids[i] < 0 || draft_ids[i] >= V) return invalid;
-  // Every position must be free of NaN / +inf, used or not.
-  for (int64_t i = 0; i <= K; ++i)
-    for (int64_t v = 0; v < V; ++v)
-      if (bad_logit(logits[i * V + v])) return invalid;
-
-  const bool greedy = temperature == 0.0f;
-  const float inv_t = greedy ? 1.0f : 1.0f / temperature;
-  int64_t j = K;  // first rejected position, K if all accepted
-  SoftmaxStats st{};
-  for (int64_t i = 0; i <= K; ++i) {
-    const float* row = logits + i * V;
-    st = reference_stats(row, V, inv_t);
-    if (!usable_max(st.max)) return invalid;
-    if (i == K) break;
-    const int64_t x = draft_ids[i];
-    bool accepted;
-    if (greedy) {
-      accepted = x == reference_argmax(row, V);
-    } else {
-      const float q_x = draft_probs ? draft_probs[i * V + x] : 1.0f;
-      if (bad_prob(q_x)) return invalid;
-      const float e_x = shifted_exp(row[x], st.max, inv_t);
-      accepted = ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, st.sum, e_x);
-    }
-    if (!accepted) {
-      j = i;
-      break;
-    }
-  }
-  const float* row = logits + j * V;
-  const int64_t token =
-      greedy ? reference_argmax(row, V)
-             : reference_race(row, V, inv_t, st, q_mode_at(j, K, draft_probs != nullptr),
-                              draft_probs ? draft_probs + j * V : nullptr, j < K ? draft_ids[j] : -1, rng,
-                              kStreamVerifyTile, kStreamVerifyRace, static_cast<uint32_t>(j));
-  if (token < 0) return invalid;
-  for (int64_t i = 0; i < j; ++i) tokens[i] = draft_ids[i];
-  tokens[j] = token;
-  return ReferenceRowResult{j, true};
-}
-
-// Scalar reference of one sample row: logits [V] float; probs (or nullptr)
-// [V] out: p, one-hot at the argmax for T == 0, zeros for an invalid row.
-// Returns the token, or -1 for an invalid row.
-inline int64_t sample_row_reference(const float* logits, int64_t V, float temperature, const RowRng& rng,
-                                    float* probs) {
-  if (probs)
-    for (int64_t v = 0; v < V; ++v) probs[v] = 0.0f;
-  if (!valid_temperature(temperature)) return -1;
-  for (int64_t v = 0; v < V; ++v)
-    if (bad_logit(logits[v])) return -1;
-  const bool greedy = temperature == 0.0f;
-  const float inv_t = greedy ? 1.0f : 1.0f / temperature;
-  const SoftmaxStats st = reference_stats(logits, V, inv_t);
-  if (!usable_max(st.max)) return -1;
-  if (greedy) {
-    const int64_t arg = reference_argmax(logits, V);
-    if (probs) probs[arg] = 1.0f;
-    return arg;
-  }
-  if (probs)
-    for (int64_t v = 0; v < V; ++v) probs[v] = shifted_exp(logits[v], st.max, inv_t) * (1.0f / st.sum);
-  return reference_race(logits, V, inv_t, st, QMode::kNone, nullptr, -1, rng, kStreamSampleTile,
-                        kStreamSampleRace, 0);
 }
 
 }  // namespace specdec

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "../core/dtype_dispatch.h"
-#include "../core/verify_math.h"
+#include "../core/sampling_reference.h"
 #include "../sampling_args.h"
 #include "sampling_kernels_entry.h"
 
@@ -31,11 +31,14 @@ bool use_avx2() {
 #endif
 }
 
+using OptTensor = std::optional<at::Tensor>;
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
-    const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
-    const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
-    const at::Tensor& seed, const at::Tensor& offset) {
-  VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset);
+    const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
+    const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& top_k,
+    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled) {
+  VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
+                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled);
   if (L.params.B > 0) {
     if (use_avx2()) cpu::verify_avx2(L.params, L.logits_dtype, L.probs_dtype);
     else cpu::verify_default(L.params, L.logits_dtype, L.probs_dtype);
@@ -44,8 +47,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
 }
 
 at::Tensor sample_cpu(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& seed,
-                      const at::Tensor& offset, const std::optional<at::Tensor>& probs_out) {
-  SampleLaunch L = prepare_sample(logits, temperature, seed, offset, probs_out);
+                      const at::Tensor& offset, const OptTensor& probs_out, const OptTensor& top_k,
+                      const OptTensor& top_p, const OptTensor& min_p) {
+  SampleLaunch L = prepare_sample(logits, temperature, seed, offset, probs_out, SamplingFilters{top_k, top_p, min_p});
   if (L.params.B > 0) {
     if (use_avx2()) cpu::sample_avx2(L.params, L.logits_dtype);
     else cpu::sample_default(L.params, L.logits_dtype);
@@ -71,9 +75,14 @@ void verify_reference_rows(const VerifyParams& P) {
       for (int64_t i = 0; P.draft_probs && i < K; ++i)
         row_as_float(static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b + i * P.probs_stride_k, V,
                      probs.data() + i * V);
+      RowOptions opt;
+      opt.filter = P.filters.get(b);
+      opt.num_drafts = P.drafts_of(b);
+      opt.coupled = P.coupled;
+      if (opt.num_drafts < 0) opt.num_drafts = K + 1;  // out of range either way: an invalid row
       const ReferenceRowResult r = verify_row_reference(
           logits.data(), P.draft_probs ? probs.data() : nullptr, P.draft_ids + b * K, K, V, P.temperature.get(b),
-          make_row_rng(P.rnd, b), P.tokens + b * (K + 1));
+          make_row_rng(P.rnd, b), P.tokens + b * (K + 1), opt);
       P.num_accepted[b] = r.valid ? r.num_accepted : 0;
       P.valid[b] = r.valid;
     }
@@ -81,10 +90,11 @@ void verify_reference_rows(const VerifyParams& P) {
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_reference_cpu(
-    const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
-    const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
-    const at::Tensor& seed, const at::Tensor& offset) {
-  VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset);
+    const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
+    const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& top_k,
+    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled) {
+  VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
+                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled);
   dispatch_dtypes<cpu::CpuTypes>(L.logits_dtype, L.probs_dtype, [&](auto tl, auto tq) {
     verify_reference_rows<typename decltype(tl)::type, typename decltype(tq)::type>(L.params);
   });
@@ -92,8 +102,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_reference_cpu(
 }
 
 std::tuple<at::Tensor, at::Tensor> sample_reference_cpu(const at::Tensor& logits, const at::Tensor& temperature,
-                                                        const at::Tensor& seed, const at::Tensor& offset) {
-  SampleLaunch L = prepare_sample(logits, temperature, seed, offset, std::nullopt);
+                                                        const at::Tensor& seed, const at::Tensor& offset,
+                                                        const OptTensor& top_k, const OptTensor& top_p,
+                                                        const OptTensor& min_p) {
+  SampleLaunch L = prepare_sample(logits, temperature, seed, offset, std::nullopt,
+                                  SamplingFilters{top_k, top_p, min_p});
   const SampleParams& P = L.params;
   at::Tensor probs = at::empty({P.B, P.V}, logits.options().dtype(at::kFloat));
   float* out = probs.mutable_data_ptr<float>();
@@ -104,7 +117,7 @@ std::tuple<at::Tensor, at::Tensor> sample_reference_cpu(const at::Tensor& logits
       for (int64_t b = b0; b < b1; ++b) {
         row_as_float(static_cast<const TL*>(P.logits) + b * P.logits_stride_b, P.V, row.data());
         P.tokens[b] = sample_row_reference(row.data(), P.V, P.temperature.get(b), make_row_rng(P.rnd, b),
-                                           out + b * P.V);
+                                           out + b * P.V, P.filters.get(b));
       }
     });
   });

@@ -11,8 +11,11 @@
 // Work per row: positions are visited in order and stop at the first
 // rejection (the ratio test needs the full softmax stats of the position, the
 // race needs one more pass over the rejected position only). Positions after
-// it get a cheap max pass so NaN / +inf anywhere in the row still marks it
-// invalid, exactly as in the CUDA kernel.
+// it (up to the row's num_drafts) get a cheap max pass so NaN / +inf anywhere
+// in them still marks the row invalid, exactly as in the CUDA kernel. With
+// filters, a visited position first gets its cutoff (filter_cutoff: radix
+// passes over a shrinking, compacted bucket), and every tile is then read with
+// the logits below the cutoff as -inf (tile_as_float's `cut`).
 #pragma once
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
@@ -25,8 +28,10 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "../core/dtype_dispatch.h"
+#include "../core/filter_math.h"
 #include "../core/rng.h"
 #include "../core/sampling_params.h"
 #include "../core/verify_math.h"
@@ -40,9 +45,16 @@ using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kTile = 1024;  // floats per tile: converted / scratch buffers stay in L1
 static_assert(kTile % 4 == 0, "tiles hold whole Philox groups");
 
-// Tile [v0, v0+n) of a row as float: the row itself for float, else converted into buf.
+constexpr float kNoCut = -std::numeric_limits<float>::infinity();
+
+// Tile [v0, v0+n) of a row as float: the row itself for float, else converted into
+// buf; with a filter cutoff (cut > -inf) the logits below it read as -inf (in buf).
 template <typename T>
-inline const float* tile_as_float(const T* row, int64_t v0, int64_t n, float* buf) {
+inline const float* tile_as_float(const T* row, int64_t v0, int64_t n, float* buf, float cut = kNoCut) {
+  if (cut > kNoCut) {
+    for (int64_t k = 0; k < n; ++k) buf[k] = filtered_logit(static_cast<float>(row[v0 + k]), cut);
+    return buf;
+  }
   if constexpr (std::is_same_v<T, float>) {
     return row + v0;
   } else {
@@ -107,9 +119,9 @@ inline decltype(auto) with_unit_t(float inv_t, Fn&& fn) {
   return inv_t == 1.0f ? fn(std::true_type{}) : fn(std::false_type{});
 }
 
-// sum_v exp((l_v - m) * inv_t) over a row; m is the row's max logit.
+// sum_v exp((l_v - m) * inv_t) over a row (logits below `cut` excluded); m is the row's max logit.
 template <typename T>
-inline float row_sum_exp(const T* row, int64_t V, float inv_t, float m) {
+inline float row_sum_exp(const T* row, int64_t V, float inv_t, float m, float cut) {
   return with_unit_t(inv_t, [&](auto unit_t) {
     alignas(64) float buf[kTile];
     const Vec va(inv_t), vm(m);
@@ -117,7 +129,7 @@ inline float row_sum_exp(const T* row, int64_t V, float inv_t, float m) {
     float tail = 0.0f;
     for (int64_t v0 = 0; v0 < V; v0 += kTile) {
       const int64_t n = std::min(kTile, V - v0);
-      const float* x = tile_as_float(row, v0, n, buf);
+      const float* x = tile_as_float(row, v0, n, buf, cut);
       int64_t k = 0;
       for (; k + Vec::size() <= n; k += Vec::size())
         acc = acc + shifted_exp_vec<decltype(unit_t)::value>(Vec::loadu(x + k), vm, va);
@@ -157,10 +169,10 @@ inline float vec_sum(const float* a, int64_t n) {
 // `draft`; kDense: the q row). Returns false if a dense q entry is a bad probability.
 template <typename T, typename TQ>
 inline bool tile_weights(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t v0, int64_t n,
-                         float inv_t, SoftmaxStats st, float* w, float* p) {
+                         float inv_t, SoftmaxStats st, float cut, float* w, float* p) {
   alignas(64) float xbuf[kRaceTile];
   alignas(64) float qbuf[kRaceTile];
-  const float* x = tile_as_float(row, v0, n, xbuf);
+  const float* x = tile_as_float(row, v0, n, xbuf, cut);
   const float* q = q_mode == QMode::kDense ? tile_as_float(q_row, v0, n, qbuf) : nullptr;
   const float inv_s = 1.0f / st.sum;
   const Vec va(inv_t), vm(st.max), vis(inv_s), zero(0.0f);
@@ -194,10 +206,11 @@ inline bool tile_weights(const T* row, const TQ* q_row, QMode q_mode, int64_t dr
 
 // Two-level race over one row (verify_math.h): coarse race over fixed tiles on
 // the tile sums, fine race inside the winning tile. Falls back to p if the
-// residual is all zero. If probs_out is given, p is written there. Returns
-// false if a dense q row holds a bad probability.
+// residual is all zero. If probs_out is given, p is written there. Logits below
+// `cut` weigh 0 (st must be the filtered stats). Returns false if a dense q row
+// holds a bad probability.
 template <typename T, typename TQ>
-inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, QMode q_mode, const TQ* q_row,
+inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, float cut, QMode q_mode, const TQ* q_row,
                      int64_t draft, const RowRng& rng, uint32_t tile_stream, uint32_t token_stream,
                      uint32_t position, float* probs_out, int64_t& token) {
   alignas(64) float w[kRaceTile];
@@ -205,7 +218,7 @@ inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, QMod
   RaceBest tile_w = race_empty(), tile_p = race_empty();
   for (int64_t t = 0; t * kRaceTile < V; ++t) {
     const int64_t v0 = t * kRaceTile, n = std::min(kRaceTile, V - v0);
-    if (!tile_weights(row, q_row, q_mode, draft, v0, n, inv_t, st, w, p)) return false;
+    if (!tile_weights(row, q_row, q_mode, draft, v0, n, inv_t, st, cut, w, p)) return false;
     if (probs_out) std::copy(p, p + n, probs_out + v0);
     const float E = race_exponential(rng, tile_stream, position, t);
     const float kw = vec_sum(w, n) / E, kp = vec_sum(p, n) / E;
@@ -215,7 +228,7 @@ inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, QMod
   const bool use_p = !(tile_w.key > 0.0f);
   const int64_t v0 = (use_p ? tile_p.index : tile_w.index) * kRaceTile, n = std::min(kRaceTile, V - v0);
   alignas(64) float E[kRaceTile];
-  tile_weights(row, q_row, q_mode, draft, v0, n, inv_t, st, w, p);
+  tile_weights(row, q_row, q_mode, draft, v0, n, inv_t, st, cut, w, p);
   race_exponentials(rng, token_stream, position, v0, n, E);
   const float* weights = use_p ? p : w;
   RaceBest best = race_empty();
@@ -223,6 +236,107 @@ inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, QMod
     if (race_better(weights[k] / E[k], v0 + k, best)) best = RaceBest{weights[k] / E[k], v0 + k};
   token = best.index;
   return true;
+}
+
+// ---- Filter cutoffs (core/filter_math.h), over a compacted bucket ----
+// The passes of filter_cutoff_reference, but after each pass only the keys of
+// the chosen digit are kept (in place), so passes 2-4 read a small bucket
+// instead of the row. Every decision uses integer counts / fixed-point sums,
+// so the cutoff equals the reference's whenever the per-token e values do (the
+// kernel's vectorised exp may differ from std::exp in the last bit).
+
+// The k-th largest of keys[0, n) (n > k >= 1); keys is reordered / overwritten.
+inline uint32_t radix_kth_largest(uint32_t* keys, int64_t n, int64_t k) {
+  RadixState s;
+  while (!s.done()) {
+    uint32_t count[kRadixBins] = {};
+    for (int64_t i = 0; i < n; ++i) ++count[s.digit(keys[i])];
+    const int d = topk_digit(count, k);
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; ++i)
+      if (s.digit(keys[i]) == d) keys[m++] = keys[i];
+    n = m;
+    s.descend(d);
+  }
+  return s.prefix;
+}
+
+// The top-p cutoff key of the items (keys[i], mass[i]), i < n: the smallest key
+// whose strictly-higher mass is < limit. Arrays are overwritten.
+inline uint32_t radix_topp(uint32_t* keys, uint64_t* mass, int64_t n, double limit) {
+  RadixState s;
+  uint64_t above = 0;
+  while (!s.done()) {
+    uint32_t count[kRadixBins] = {};
+    uint64_t msum[kRadixBins] = {};
+    for (int64_t i = 0; i < n; ++i) {
+      const int d = s.digit(keys[i]);
+      ++count[d];
+      msum[d] += mass[i];
+    }
+    const int d = topp_digit(msum, count, above, limit);
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; ++i)
+      if (s.digit(keys[i]) == d) {
+        keys[m] = keys[i];
+        mass[m++] = mass[i];
+      }
+    n = m;
+    s.descend(d);
+  }
+  return s.prefix;
+}
+
+// The cutoff of one row position (finite max m, usable inv_t): every logit below
+// it is filtered out; kNoCut when nothing is.
+template <typename T>
+inline float filter_cutoff(const T* row, int64_t V, float m, float inv_t, const FilterSpec& f) {
+  thread_local std::vector<uint32_t> keys;
+  thread_local std::vector<uint64_t> mass;
+  alignas(64) float buf[kTile];
+  alignas(64) float ebuf[kTile];
+  float cut = kNoCut;
+  uint32_t kcut = 0;
+  if (f.top_k > 0 && f.top_k < V) {
+    keys.resize(V);
+    for (int64_t v = 0; v < V; ++v) keys[v] = order_key(static_cast<float>(row[v]));
+    kcut = radix_kth_largest(keys.data(), V, f.top_k);
+    cut = key_to_float(kcut);
+  }
+  if (f.top_p < 1.0f) {
+    keys.resize(V);
+    mass.resize(V);
+    int64_t n = 0;
+    uint64_t total = 0;
+    const Vec va(inv_t), vm(m);
+    for (int64_t v0 = 0; v0 < V; v0 += kTile) {
+      const int64_t cnt = std::min(kTile, V - v0);
+      const float* x = tile_as_float(row, v0, cnt, buf);
+      int64_t k = 0;
+      for (; k + Vec::size() <= cnt; k += Vec::size())
+        shifted_exp_vec<false>(Vec::loadu(x + k), vm, va).store(ebuf + k);
+      for (; k < cnt; ++k) ebuf[k] = shifted_exp(x[k], m, inv_t);
+      for (k = 0; k < cnt; ++k) {
+        const uint32_t key = order_key(x[k]);
+        if (key < kcut) continue;
+        keys[n] = key;
+        mass[n] = fixed_mass(ebuf[k]);
+        total += mass[n++];
+      }
+    }
+    cut = max_cutoff(cut, key_to_float(radix_topp(keys.data(), mass.data(), n, topp_limit(f.top_p, total))));
+  }
+  if (f.min_p > 0.0f) {
+    // e >= min_p needs (x - m) * inv_t >= log(min_p): only tokens near that bound get an exp
+    const float bound = std::log(f.min_p) - 1e-3f;
+    float lo = m;
+    for (int64_t v = 0; v < V; ++v) {
+      const float x = static_cast<float>(row[v]);
+      if (x < lo && (x - m) * inv_t >= bound * (1.0f + 1e-3f) && shifted_exp(x, m, inv_t) >= f.min_p) lo = x;
+    }
+    cut = max_cutoff(cut, lo);
+  }
+  return cut;
 }
 
 // Rows to threads: every worker pulls the next row from a shared counter. Rows
@@ -245,6 +359,15 @@ inline void for_each_row(int64_t B, Fn&& fn) {
   });
 }
 
+// The filtered softmax stats of one visited, non-greedy position with raw max m:
+// the filter cutoff (kNoCut when no filter is on) and the sum over the survivors.
+template <typename T>
+inline SoftmaxStats filtered_stats(const T* row, int64_t V, float m, float inv_t, const FilterSpec& f,
+                                   float& cut) {
+  cut = filter_on(f, V) ? filter_cutoff(row, V, m, inv_t, f) : kNoCut;
+  return SoftmaxStats{m, row_sum_exp(row, V, inv_t, m, cut)};
+}
+
 template <typename TL, typename TQ>
 void verify_rows(const VerifyParams& P) {
   for_each_row(P.B, [&](int64_t b) {
@@ -255,22 +378,25 @@ void verify_rows(const VerifyParams& P) {
     P.valid[b] = false;
 
     const float temperature = P.temperature.get(b);
-    if (!valid_temperature(temperature)) return;
+    const FilterSpec filter = P.filters.get(b);
+    const int64_t n = P.drafts_of(b);  // drafts this row tests
+    if (!valid_temperature(temperature) || !valid_filter(filter) || n < 0 || n > K) return;
     const int64_t* draft = P.draft_ids + b * K;
     bool ok = true;
-    for (int64_t i = 0; i < K; ++i) ok = ok && draft[i] >= 0 && draft[i] < V;
+    for (int64_t i = 0; i < n; ++i) ok = ok && draft[i] >= 0 && draft[i] < V;
     if (!ok) return;
 
     const bool greedy = temperature == 0.0f;
+    const bool coupled = P.coupled && !greedy;
     const float inv_t = greedy ? 1.0f : 1.0f / temperature;
     const RowRng rng = make_row_rng(P.rnd, b);
     const TL* logits = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
-    const TQ* probs = P.draft_probs ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b
-                                    : nullptr;
+    const TQ* probs = P.draft_probs && !coupled ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b
+                                                : nullptr;
 
-    int64_t j = -1;  // first rejected position (K = all accepted); -1 while undecided
+    int64_t j = -1;  // first rejected position (n = all accepted); -1 while undecided
     int64_t token = -1;
-    for (int64_t i = 0; i <= K && ok; ++i) {
+    for (int64_t i = 0; i <= n && ok; ++i) {
       const TL* row = logits + i * P.logits_stride_k;
       float m;
       int64_t arg;
@@ -281,24 +407,32 @@ void verify_rows(const VerifyParams& P) {
       }
       if (!usable_max(m)) { ok = false; break; }
       if (greedy) {
-        if (i == K || draft[i] != arg) { j = i; token = arg; }
+        if (i == n || draft[i] != arg) { j = i; token = arg; }
         continue;
       }
-      const SoftmaxStats st{m, row_sum_exp(row, V, inv_t, m)};
+      float cut;
+      const SoftmaxStats st = filtered_stats(row, V, m, inv_t, filter, cut);
+      if (coupled) {  // the target's own sample at this position (specdec::sample's race, offset + i)
+        race_row<TL, float>(row, V, inv_t, st, cut, QMode::kNone, nullptr, -1,
+                            rng.advanced(static_cast<uint64_t>(i)), kStreamSampleTile, kStreamSampleRace, 0,
+                            nullptr, token);
+        if (i == n || draft[i] != token) j = i;
+        continue;
+      }
       bool accepted = false;
-      if (i < K) {
+      if (i < n) {
         const int64_t x = draft[i];
         const float q_x = probs ? static_cast<float>(probs[i * P.probs_stride_k + x]) : 1.0f;
         if (bad_prob(q_x)) { ok = false; break; }
-        const float e_x = shifted_exp(static_cast<float>(row[x]), st.max, inv_t);
+        const float e_x = shifted_exp(filtered_logit(static_cast<float>(row[x]), cut), st.max, inv_t);
         accepted = ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, st.sum, e_x);
       }
       if (accepted) continue;
       j = i;
-      const QMode q_mode = q_mode_at(i, K, probs != nullptr);
+      const QMode q_mode = q_mode_at(i, n, probs != nullptr);
       const TQ* q_row = probs ? probs + i * P.probs_stride_k : nullptr;
-      const int64_t x = i < K ? draft[i] : -1;
-      ok = race_row(row, V, inv_t, st, q_mode, q_row, x, rng, kStreamVerifyTile, kStreamVerifyRace,
+      const int64_t x = i < n ? draft[i] : -1;
+      ok = race_row(row, V, inv_t, st, cut, q_mode, q_row, x, rng, kStreamVerifyTile, kStreamVerifyRace,
                     static_cast<uint32_t>(i), static_cast<float*>(nullptr), token);
     }
     if (!ok) return;
@@ -317,11 +451,12 @@ void sample_rows(const SampleParams& P) {
     float* probs = P.probs_out ? P.probs_out + b * P.probs_stride_b : nullptr;
     P.tokens[b] = -1;
     const float temperature = P.temperature.get(b);
+    const FilterSpec filter = P.filters.get(b);
     float m;
     int64_t arg;
     const bool greedy = temperature == 0.0f;
     row_max(row, V, greedy, m, arg);
-    if (!valid_temperature(temperature) || !usable_max(m)) {  // invalid row: token -1, probs 0
+    if (!valid_temperature(temperature) || !valid_filter(filter) || !usable_max(m)) {  // invalid: -1, probs 0
       if (probs) std::fill(probs, probs + V, 0.0f);
       return;
     }
@@ -335,9 +470,10 @@ void sample_rows(const SampleParams& P) {
     }
     const float inv_t = 1.0f / temperature;
     const RowRng rng = make_row_rng(P.rnd, b);
-    const SoftmaxStats st{m, row_sum_exp(row, V, inv_t, m)};
-    race_row<TL, float>(row, V, inv_t, st, QMode::kNone, nullptr, -1, rng, kStreamSampleTile, kStreamSampleRace, 0,
-                        probs, P.tokens[b]);
+    float cut;
+    const SoftmaxStats st = filtered_stats(row, V, m, inv_t, filter, cut);
+    race_row<TL, float>(row, V, inv_t, st, cut, QMode::kNone, nullptr, -1, rng, kStreamSampleTile, kStreamSampleRace,
+                        0, probs, P.tokens[b]);
   });
 }
 

@@ -161,13 +161,18 @@ struct CudaTypes {
   using bf16 = __nv_bfloat16;
 };
 
+using OptTensor = std::optional<at::Tensor>;
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
-    const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
-    const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
-    const at::Tensor& seed, const at::Tensor& offset) {
+    const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
+    const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& top_k,
+    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled) {
   const c10::cuda::CUDAGuard guard(target_logits.device());
-  VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset);
+  VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
+                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled);
   VerifyParams& P = L.params;
+  TORCH_CHECK_NOT_IMPLEMENTED(!P.filters.any && !P.num_drafts && !P.coupled,
+                              "verify on CUDA: top_k / top_p / min_p, num_drafts and coupled are CPU-only so far");
   if (P.B == 0) return {L.tokens, L.num_accepted, L.valid};
   const int device = target_logits.get_device();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
@@ -183,10 +188,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
 }
 
 at::Tensor sample_cuda(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& seed,
-                       const at::Tensor& offset, const std::optional<at::Tensor>& probs_out) {
+                       const at::Tensor& offset, const OptTensor& probs_out, const OptTensor& top_k,
+                       const OptTensor& top_p, const OptTensor& min_p) {
   const c10::cuda::CUDAGuard guard(logits.device());
-  SampleLaunch L = prepare_sample(logits, temperature, seed, offset, probs_out);
+  SampleLaunch L = prepare_sample(logits, temperature, seed, offset, probs_out, SamplingFilters{top_k, top_p, min_p});
   SampleParams& P = L.params;
+  TORCH_CHECK_NOT_IMPLEMENTED(!P.filters.any, "sample on CUDA: top_k / top_p / min_p are CPU-only so far");
   if (P.B == 0) return L.tokens;
   const int device = logits.get_device();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();

@@ -6,14 +6,20 @@ from typing import Union
 
 import torch
 
-from .._validate import check_int, check_temperature
+from .._validate import check_filter, check_int, check_temperature
 
-__all__ = ["float_arg", "int64_arg", "seed_arg", "temperature_arg"]
+__all__ = ["filter_args", "float_arg", "int64_arg", "mode_arg", "seed_arg", "temperature_arg"]
 
 _SEED_HIGH = 2**62
 
 Temperature = Union[int, float, torch.Tensor]
 IntOrTensor = Union[int, torch.Tensor]
+FloatOrTensor = Union[float, torch.Tensor]
+
+# the value of each filter that keeps every token
+_FILTER_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
+_FILTER_DTYPE = {"top_k": torch.int64, "top_p": torch.float32, "min_p": torch.float32}
+_MODES = ("exact", "coupled")
 
 
 def temperature_arg(temperature: Temperature) -> torch.Tensor:
@@ -47,3 +53,24 @@ def float_arg(t):
     float64 (e.g. a reference model run in double precision) converted to float32. Anything
     else goes to the op unchanged, whose checks name it."""
     return t.float() if isinstance(t, torch.Tensor) and t.dtype == torch.float64 else t
+
+
+def filter_args(top_k, top_p, min_p):
+    """(top_k, top_p, min_p) as the schemas take them: None or the "off" value -> None (no
+    filter pass at all), a Python number -> a checked 0-dim tensor, a tensor ([] or [B]) as
+    is (the C++ checks judge its dtype, shape and, on the CPU, its values)."""
+    out = []
+    for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
+        if value is None or isinstance(value, torch.Tensor):
+            out.append(value)
+            continue
+        value = check_filter(name, value)
+        out.append(None if value == _FILTER_OFF[name] else torch.tensor(value, dtype=_FILTER_DTYPE[name]))
+    return out
+
+
+def mode_arg(mode) -> bool:
+    """verify's ``mode``: "exact" -> False, "coupled" -> True."""
+    if not isinstance(mode, str) or mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    return mode == "coupled"

@@ -7,7 +7,8 @@ from typing import NamedTuple, Optional
 import torch
 
 from ._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype
-from ._args import IntOrTensor, Temperature, float_arg, int64_arg, seed_arg, temperature_arg
+from ._args import (FloatOrTensor, IntOrTensor, Temperature, filter_args, float_arg, int64_arg, mode_arg, seed_arg,
+                    temperature_arg)
 
 __all__ = ["VerifyResult", "sample", "verify"]
 
@@ -17,14 +18,15 @@ class VerifyResult(NamedTuple):
 
     tokens       int64 [B, K+1]: accepted drafts, then the correction (or bonus) token, then -1
     num_accepted int64 [B] in [0, K]: row b emits num_accepted[b] + 1 tokens
-    valid        bool  [B]: False exactly for a row with a NaN / +inf logit (any position), a
-                 used position whose logits are all -inf, a draft id outside [0, V), a bad
-                 draft probability (NaN, +inf, negative) among the entries the op reads (q(x)
-                 of every tested draft, the whole q row at the rejected position), or an
-                 unusable per-row tensor temperature (negative, NaN, inf, 1/T overflowing
-                 float32); such a row has tokens all -1 and num_accepted 0. Finite logits of
-                 any size are fine (softmax is exp((l - max) / T)): a valid row never holds
-                 an id outside [0, V)
+    valid        bool  [B]: False exactly for a row with a NaN / +inf logit (positions 0 ..
+                 num_drafts[b]), a used position whose logits are all -inf, a tested draft id
+                 outside [0, V), a bad draft probability (NaN, +inf, negative) among the
+                 entries the op reads (q(x) of every tested draft, the whole q row at the
+                 rejected position), or an unusable value in a per-row DEVICE tensor
+                 (temperature negative / NaN / inf / 1/T overflowing float32, a filter out of
+                 range, num_drafts[b] outside [0, K]); such a row has tokens all -1 and
+                 num_accepted 0. Finite logits of any size are fine (softmax is
+                 exp((l - max) / T)): a valid row never holds an id outside [0, V)
     """
 
     tokens: torch.Tensor
@@ -38,15 +40,21 @@ def verify(
     draft_probs: Optional[torch.Tensor] = None,
     temperature: Temperature = 1.0,
     *,
+    top_k: Optional[IntOrTensor] = None,
+    top_p: Optional[FloatOrTensor] = None,
+    min_p: Optional[FloatOrTensor] = None,
+    num_drafts: Optional[torch.Tensor] = None,
     seed: Optional[IntOrTensor] = None,
     offset: IntOrTensor = 0,
+    mode: str = "exact",
 ) -> VerifyResult:
     """Verify K drafted tokens per row against the target model, in one fused op.
 
     Speculative sampling (Leviathan et al. / Chen et al.): draft x_i is accepted with
     probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection a token is drawn
     from max(0, p_i - q_i) normalised; if all K are accepted a bonus token is drawn
-    from p_K. The emitted tokens are distributed exactly as sampling from the target.
+    from p_K. The emitted tokens are distributed exactly as sampling from the target
+    (after the filters, if any: p is then the filtered law p').
 
     Parameters
     ----------
@@ -61,22 +69,54 @@ def verify(
         deterministic drafts (n-gram, greedy drafter): q is one-hot at the draft.
     temperature : float or Tensor [B] float32
         Target temperature; 0 (per row) means greedy: accept iff the draft is the
-        argmax, correction / bonus = argmax.
+        argmax, correction / bonus = argmax (filters do not apply).
+    top_k : None, int, or Tensor [] / [B] int64 | int32
+        Keep the tokens whose logit is >= the k-th largest (ties kept); 0 / None = off.
+    top_p : None, float, or Tensor [] / [B] float32
+        On the top-k survivors: keep token v iff the mass of survivors with a strictly
+        higher logit is < top_p; in (0, 1], 1 / None = off.
+    min_p : None, float, or Tensor [] / [B] float32
+        Keep v iff p(v) >= min_p * max p; in [0, 1), 0 / None = off.
+        The filters follow Hugging Face generate's warper order (temperature, top-k,
+        top-p, min-p), are found without sorting (radix passes, csrc/core/filter_math.h)
+        and the result is renormalised; the argmax always survives. Python numbers and
+        CPU tensors are checked here (``ValueError``); a bad value in a device tensor
+        makes its row invalid (no host sync). ``draft_probs`` must be the FILTERED draft
+        law (what :func:`sample` with the same filters writes to ``probs_out``).
+    num_drafts : Tensor [B] int64 | int32, optional
+        Drafts row b tests, in [0, K] (None = K for every row). Row b uses drafts
+        0..num_drafts[b]-1 and its correction / bonus comes from position
+        num_drafts[b]; later positions are never read and their tokens are -1;
+        num_drafts[b] = 0 is plain sampling from position 0. Shapes stay [B, K+1, V],
+        so a captured CUDA graph replays with any mix.
     seed : None, int, or Tensor [] / [B] int64 (any device)
         None draws one from torch's default generator. An int seeds every row with
         its own stream (the row index joins the key); a [B] tensor gives each row
         (request) its own seed, so its result does not depend on its batch position.
     offset : int or Tensor [] / [B] int64 (any device)
         Philox counter offset; advance it between calls for fresh randomness. A
-        device tensor lets a captured CUDA graph replay with new numbers.
+        device tensor lets a captured CUDA graph replay with new numbers. In coupled
+        mode: the absolute position of each row's first verified token.
+    mode : "exact" | "coupled"
+        "exact": Leviathan's ratio test. "coupled": the token the target emits or
+        matches at verified position i of row b is exactly
+        ``sample(target_logits[b, i], temperature, top_k=, top_p=, min_p=, seed=seed[b],
+        offset=offset[b] + i)`` (row b's stream of :func:`sample`); draft i is accepted
+        iff it equals that token and the first mismatch emits it. If the draft also
+        samples with ``offset = position`` (shared noise), it often draws the same token.
+        The output is target-only sampling with the same seed, token for token, for any
+        K, draft or batch makeup (with per-row seeds); ``draft_probs`` is not read.
 
     Returns
     -------
     VerifyResult(tokens [B, K+1] int64, num_accepted [B] int64, valid [B] bool)
     """
+    coupled = mode_arg(mode)
+    if num_drafts is not None and not isinstance(num_drafts, torch.Tensor):
+        raise TypeError(f"num_drafts must be None or an int tensor [B], got {type(num_drafts).__name__}")
     tokens, num_accepted, valid = torch.ops.specdec.verify(
         float_arg(target_logits), draft_token_ids, float_arg(draft_probs), temperature_arg(temperature),
-        seed_arg(seed), int64_arg(offset, "offset"))
+        seed_arg(seed), int64_arg(offset, "offset"), *filter_args(top_k, top_p, min_p), num_drafts, coupled)
     return VerifyResult(tokens, num_accepted, valid)
 
 
@@ -84,20 +124,26 @@ def sample(
     logits: torch.Tensor,
     temperature: Temperature = 1.0,
     *,
+    top_k: Optional[IntOrTensor] = None,
+    top_p: Optional[FloatOrTensor] = None,
+    min_p: Optional[FloatOrTensor] = None,
     seed: Optional[IntOrTensor] = None,
     offset: IntOrTensor = 0,
     probs_out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Draw one token per row from softmax(logits / temperature), in one fused op.
+    """Draw one token per row from softmax(logits / temperature), after the optional
+    top-k / top-p / min-p filters, in one fused op.
 
     Parameters
     ----------
     logits : Tensor [B, V] float32 | float16 | bfloat16 (any row stride; float64 converted)
     temperature : float or Tensor [B] float32; 0 = argmax (greedy)
+    top_k, top_p, min_p : as in :func:`verify`
     seed, offset : as in :func:`verify` (a separate random stream: the same seed in
-        both ops gives independent numbers)
+        both ops gives independent numbers, except that coupled :func:`verify` reuses
+        this op's stream at ``offset + i``)
     probs_out : Tensor [B, V] float32, optional
-        Written in place with the normalised probabilities the token was drawn from
+        Written in place with the normalised (filtered) probabilities the token was drawn from
         (one-hot at the argmax for a greedy row); may be a strided slice such as
         ``draft_probs[:, i]`` so K draft steps feed :func:`verify` with no host sync.
 
@@ -105,20 +151,36 @@ def sample(
     -------
     Tensor [B] int64: the sampled ids, always in [0, V) for finite logits (any size) and a
     usable temperature; -1 for a row whose logits hold NaN / +inf or are all -inf, or whose
-    tensor temperature is unusable (negative, NaN, inf, 1/T overflowing float32); its
-    probs_out row is then 0.
+    device tensor temperature or filter value is unusable; its probs_out row is then 0.
     """
     return torch.ops.specdec.sample(
-        float_arg(logits), temperature_arg(temperature), seed_arg(seed), int64_arg(offset, "offset"), probs_out)
+        float_arg(logits), temperature_arg(temperature), seed_arg(seed), int64_arg(offset, "offset"), probs_out,
+        *filter_args(top_k, top_p, min_p))
 
 
 # ---- fake (meta) kernels: output shapes / dtypes for torch.compile tracing ----
 
+_HOST_OK = ("temperature", "seed", "offset", "top_k", "top_p", "min_p", "num_drafts")
+
+
+def _check_filters_fake(top_k, top_p, min_p):
+    for name, t, allowed in (("top_k", top_k, INDEX), ("top_p", top_p, FLOATS + (torch.float64,)),
+                             ("min_p", min_p, FLOATS + (torch.float64,))):
+        check_dtype(t, name, allowed)
+        if t is not None and t.dim() > 1:
+            raise ValueError(f"{name} must be a number or a tensor of shape [B], got shape {tuple(t.shape)}")
+
+
 @torch.library.register_fake("specdec::verify")
-def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset):
+def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, top_k=None, top_p=None,
+                 min_p=None, num_drafts=None, coupled=False):
     check_devices(target_logits, "target_logits",
                   dict(draft_token_ids=draft_token_ids, draft_probs=draft_probs, temperature=temperature, seed=seed,
-                       offset=offset), host_ok=("temperature", "seed", "offset"))
+                       offset=offset, top_k=top_k, top_p=top_p, min_p=min_p, num_drafts=num_drafts),
+                  host_ok=_HOST_OK)
+    _check_filters_fake(top_k, top_p, min_p)
+    check_dim(num_drafts, "num_drafts", 1, "[B]")
+    check_dtype(num_drafts, "num_drafts", INDEX)
     check_dim(target_logits, "target_logits", 3, "[B, K+1, V]")
     check_dim(draft_token_ids, "draft_token_ids", 2, "[B, K]")
     check_dim(draft_probs, "draft_probs", 3, "[B, K, V]")
@@ -136,9 +198,10 @@ def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed,
 
 
 @torch.library.register_fake("specdec::sample")
-def _sample_fake(logits, temperature, seed, offset, probs_out):
-    check_devices(logits, "logits", dict(temperature=temperature, seed=seed, offset=offset, probs_out=probs_out),
-                  host_ok=("temperature", "seed", "offset"))
+def _sample_fake(logits, temperature, seed, offset, probs_out, top_k=None, top_p=None, min_p=None):
+    check_devices(logits, "logits", dict(temperature=temperature, seed=seed, offset=offset, probs_out=probs_out,
+                                         top_k=top_k, top_p=top_p, min_p=min_p), host_ok=_HOST_OK)
+    _check_filters_fake(top_k, top_p, min_p)
     check_dim(logits, "logits", 2, "[B, V]")
     check_dim(probs_out, "probs_out", 2, "[B, V]")
     check_dtype(logits, "logits", FLOATS)
