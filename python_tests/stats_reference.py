@@ -79,3 +79,34 @@ def joint_counts(tokens: torch.Tensor, num_accepted: torch.Tensor, K: int, V: in
     t = tokens.cpu().long().gather(1, n.view(-1, 1)).view(-1)
     assert (t >= 0).all() and (t < V).all()
     return torch.bincount(n * V + t, minlength=(K + 1) * V).view(K + 1, V).numpy()
+
+
+def filtered_softmax64(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                       min_p: float = 0.0) -> np.ndarray:
+    """The filtered law p' of logits [..., V] in float64, by sorting (independent of the
+    kernels' radix passes), in Hugging Face generate's warper order:
+
+    top-k keeps the tokens whose logit is >= the k-th largest (ties kept); top-p, on the
+    renormalised top-k survivors, keeps v iff the mass of survivors with a strictly
+    higher logit is < top_p; min-p keeps v iff p(v) >= min_p * max p. Renormalised.
+    Temperature 0 is the argmax (filters do not apply)."""
+    if temperature == 0:
+        return softmax64(logits, 0)
+    x = logits.detach().cpu().double()
+    p = torch.softmax(x / temperature, dim=-1)
+    keep = torch.ones_like(p, dtype=torch.bool)
+    V = x.shape[-1]
+    if 0 < top_k < V:
+        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
+        keep &= x >= kth
+    if top_p < 1.0:
+        pk = torch.where(keep, p, torch.zeros_like(p))
+        pk = pk / pk.sum(-1, keepdim=True)
+        # mass of survivors with a strictly higher logit than v
+        higher = (x.unsqueeze(-2) > x.unsqueeze(-1)) & keep.unsqueeze(-2)  # [..., v, u]: l_u > l_v
+        above = (higher.double() * pk.unsqueeze(-2)).sum(-1)
+        keep &= above < top_p
+    if min_p > 0.0:
+        keep &= p >= min_p * p.max(-1, keepdim=True).values
+    out = torch.where(keep, p, torch.zeros_like(p))
+    return (out / out.sum(-1, keepdim=True)).numpy()
