@@ -262,10 +262,10 @@ inline uint32_t radix_kth_largest(uint32_t* keys, int64_t n, int64_t k) {
 }
 
 // The top-p cutoff key of the items (keys[i], mass[i]), i < n: the smallest key
-// whose strictly-higher mass is < limit. Arrays are overwritten.
-inline uint32_t radix_topp(uint32_t* keys, uint64_t* mass, int64_t n, double limit) {
+// whose strictly-higher mass (plus `above`, the mass of items above them all) is
+// < limit. Arrays are overwritten.
+inline uint32_t radix_topp(uint32_t* keys, uint64_t* mass, int64_t n, double limit, uint64_t above) {
   RadixState s;
-  uint64_t above = 0;
   while (!s.done()) {
     uint32_t count[kRadixBins] = {};
     uint64_t msum[kRadixBins] = {};
@@ -293,8 +293,8 @@ template <typename T>
 inline float filter_cutoff(const T* row, int64_t V, float m, float inv_t, const FilterSpec& f) {
   thread_local std::vector<uint32_t> keys;
   thread_local std::vector<uint64_t> mass;
+  thread_local std::vector<float> ebufs;
   alignas(64) float buf[kTile];
-  alignas(64) float ebuf[kTile];
   float cut = kNoCut;
   uint32_t kcut = 0;
   if (f.top_k > 0 && f.top_k < V) {
@@ -304,27 +304,54 @@ inline float filter_cutoff(const T* row, int64_t V, float m, float inv_t, const 
     cut = key_to_float(kcut);
   }
   if (f.top_p < 1.0f) {
-    keys.resize(V);
-    mass.resize(V);
-    int64_t n = 0;
-    uint64_t total = 0;
+    // Pass 1 bins the survivors of top-k by z = (m - l) * inv_t (monotone in l: bins
+    // are contiguous key ranges, highest logits first) in steps of 1/8 nat, with
+    // their fixed-point masses; tokens past the last bin have e < 2^-46, mass 0,
+    // and are never kept (their strictly-higher mass is the whole mass > limit).
+    // topp_digit picks the bin holding the cutoff; only that bin's keys go on to
+    // the radix passes. Same cutoff as the reference (a function of integer sums).
+    constexpr int kBins = kRadixBins;
+    constexpr float kBinsPerNat = 8.0f;
+    uint32_t count[kBins] = {};
+    uint64_t msum[kBins] = {};
+    ebufs.resize(V);
     const Vec va(inv_t), vm(m);
     for (int64_t v0 = 0; v0 < V; v0 += kTile) {
       const int64_t cnt = std::min(kTile, V - v0);
       const float* x = tile_as_float(row, v0, cnt, buf);
+      float* e = ebufs.data() + v0;
       int64_t k = 0;
-      for (; k + Vec::size() <= cnt; k += Vec::size())
-        shifted_exp_vec<false>(Vec::loadu(x + k), vm, va).store(ebuf + k);
-      for (; k < cnt; ++k) ebuf[k] = shifted_exp(x[k], m, inv_t);
+      for (; k + Vec::size() <= cnt; k += Vec::size()) shifted_exp_vec<false>(Vec::loadu(x + k), vm, va).store(e + k);
+      for (; k < cnt; ++k) e[k] = shifted_exp(x[k], m, inv_t);
       for (k = 0; k < cnt; ++k) {
-        const uint32_t key = order_key(x[k]);
-        if (key < kcut) continue;
-        keys[n] = key;
-        mass[n] = fixed_mass(ebuf[k]);
-        total += mass[n++];
+        const float z = (m - x[k]) * inv_t * kBinsPerNat;
+        if (!(z < static_cast<float>(kBins)) || order_key(x[k]) < kcut) continue;
+        const int bin = kBins - 1 - static_cast<int>(z);  // digit order: higher = higher logit
+        ++count[bin];
+        msum[bin] += fixed_mass(e[k]);
       }
     }
-    cut = max_cutoff(cut, key_to_float(radix_topp(keys.data(), mass.data(), n, topp_limit(f.top_p, total))));
+    uint64_t total = 0;
+    for (int d = 0; d < kBins; ++d) total += msum[d];
+    const double limit = topp_limit(f.top_p, total);
+    uint64_t above = 0;
+    const int pick = topp_digit(msum, count, above, limit);
+    keys.resize(V);
+    mass.resize(V);
+    int64_t n = 0;
+    for (int64_t v0 = 0; v0 < V; v0 += kTile) {
+      const int64_t cnt = std::min(kTile, V - v0);
+      const float* x = tile_as_float(row, v0, cnt, buf);
+      for (int64_t k = 0; k < cnt; ++k) {
+        const float z = (m - x[k]) * inv_t * kBinsPerNat;
+        if (!(z < static_cast<float>(kBins)) || kBins - 1 - static_cast<int>(z) != pick ||
+            order_key(x[k]) < kcut)
+          continue;
+        keys[n] = order_key(x[k]);
+        mass[n++] = fixed_mass(ebufs[v0 + k]);
+      }
+    }
+    cut = max_cutoff(cut, key_to_float(radix_topp(keys.data(), mass.data(), n, limit, above)));
   }
   if (f.min_p > 0.0f) {
     // e >= min_p needs (x - m) * inv_t >= log(min_p): only tokens near that bound get an exp
