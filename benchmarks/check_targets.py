@@ -24,6 +24,9 @@ def verify_targets(rows):
         if r.get("op", "verify") == "sample":
             out += sample_targets(r)
             continue
+        if r.get("filters"):
+            out += filtered_targets(r)
+            continue
         if r["device"] == "cpu" and (r["dtype"], r["B"], r["K"], r["V"]) == ("fp32", 8, 5, 128256) \
                 and r.get("torch_cold_s") and r.get("fused_cold_s"):
             out.append(("CPU B=8 K=5 V=128256 fp32, cold caches (interleaved with other work): fused >= 10x plain PyTorch",
@@ -47,6 +50,14 @@ def verify_targets(rows):
             out.append((f"GPU {r['dtype']} B=64: >= 3x torch.compile", r["compile_s"] >= 3 * r["fused_s"],
                         f"{r['compile_s'] / r['fused_s']:.1f}x"))
     return out
+
+
+def filtered_targets(r):
+    """Targets of the filtered verify rows (`bench verify --filters`)."""
+    if r["device"] == "cpu" and (r["B"], r["K"], r["V"]) == (8, 5, 128256):
+        return [(f"CPU filtered verify ({r['op']}) B=8 K=5 V=128256: fused >= 10x sort-based plain PyTorch",
+                 r["torch_s"] / r["fused_s"] >= 10, f"{r['torch_s'] / r['fused_s']:.1f}x")]
+    return []
 
 
 def sample_targets(r):

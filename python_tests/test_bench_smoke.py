@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from specdec_ext.bench.__main__ import main as bench_main
 
@@ -28,6 +29,27 @@ def test_bench_verify_smoke(tmp_path, capsys):
     assert all(r["fused_s"] > 0 and r["torch_s"] > 0 and 0 <= r["accept_rate"] <= 1 for r in rows)
     assert "fused" in capsys.readouterr().out
     assert "B=8 K=5 V=128256 fp32: fused >= 10x plain PyTorch" in _check_targets(path)
+
+
+def test_bench_verify_filters_smoke(tmp_path, capsys):
+    path = str(tmp_path / "filters.json")
+    assert bench_main(["verify", "--device", "cpu", "--no-compile", "--filters-only", "--B", "8", "--K", "5",
+                       "--V", "128256", "--json", path]) == 0
+    rows = json.load(open(path))["rows"]
+    assert [r["op"] for r in rows] == ["v:p.9", "v:k50"]
+    assert all(r["fused_s"] > 0 and r["torch_s"] > 0 for r in rows)
+    assert "v:p.9" in capsys.readouterr().out
+    assert "CPU filtered verify (v:k50) B=8 K=5 V=128256" in _check_targets(path)
+
+
+def test_torch_filter_baseline_matches_the_filtered_law():
+    """The sort-based baseline keeps what the fused filters keep (distinct logits)."""
+    from specdec_ext.bench.verify import torch_filter
+    from stats_reference import filtered_softmax64
+    x = torch.randn(4, 300, dtype=torch.float64).float()
+    for filt in (dict(top_k=7), dict(top_p=0.8), dict(top_k=20, top_p=0.5)):
+        kept = torch.isfinite(torch_filter(x, **filt))
+        assert torch.equal(kept, torch.from_numpy(filtered_softmax64(x, 1.0, **filt) > 0)), filt
 
 
 def test_bench_kv_smoke(tmp_path, capsys):

@@ -18,6 +18,10 @@ bigger than the last-level cache (64 MiB on CPU, 256 MiB on a GPU) is streamed t
 caches, as when the op is interleaved with other work; both warm and cold are reported.
 `--sample` adds rows of the sample op (B in {1, 64}, V = 128256) against softmax +
 multinomial in PyTorch (eager and compiled) and FlashInfer's sampling_from_logits.
+`--filters` adds verify rows with top-p 0.9 and with top-k 50 (B in {1, 8, 64}, K = 5,
+V = 128256; op column `v:p.9` / `v:k50`), against a vLLM-style sort-based filter in plain
+PyTorch followed by the PyTorch verify (and its torch.compile); q is the draft law under
+the same filter in both. The unfiltered rows of the same run show the no-filter path.
 """
 import argparse
 import contextlib
@@ -34,6 +38,7 @@ from .timing import cache_flusher, copy_bandwidth, time_call, time_graph
 FULL = dict(B=[1, 8, 64], K=[1, 5, 8], V=[32000, 128256, 151936], dtype=["fp32", "bf16"])
 QUICK = dict(B=[1, 8], K=[5], V=[128256], dtype=["fp32", "bf16"])
 SAMPLE = dict(B=[1, 64], V=[128256])
+FILTERED = dict(B=[1, 8, 64], K=[5], V=[128256], filters=[dict(top_p=0.9), dict(top_k=50)])
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -62,11 +67,36 @@ def torch_verify(target_logits, draft_ids, draft_probs, temperature: float):
     return tokens.scatter(1, n.unsqueeze(1), token.unsqueeze(1)), n
 
 
-def make_inputs(B, K, V, dtype, device, seed=0):
+def torch_filter(logits, top_k: int = 0, top_p: float = 1.0):
+    """vLLM-style sort-based top-k / top-p in plain PyTorch (the filters' baseline).
+
+    logits [..., V] -> float32 logits [..., V] with the filtered tokens at -inf: top-k keeps
+    logits >= the k-th largest; top-p keeps a token when the mass sorted above it is < top_p.
+    """
+    x = logits.float()
+    if top_k:
+        x = x.masked_fill(x < x.topk(top_k, dim=-1).values[..., -1:], float("-inf"))
+    if top_p < 1.0:
+        srt, idx = x.sort(dim=-1, descending=True)
+        probs = srt.softmax(dim=-1)
+        srt = srt.masked_fill(probs.cumsum(dim=-1) - probs >= top_p, float("-inf"))
+        x = torch.empty_like(x).scatter_(-1, idx, srt)
+    return x
+
+
+def torch_filtered_verify(target_logits, draft_ids, draft_probs, temperature: float, top_k: int = 0,
+                          top_p: float = 1.0):
+    """torch_filter on the target logits, then torch_verify: tokens [B, K+1]."""
+    return torch_verify(torch_filter(target_logits, top_k, top_p), draft_ids, draft_probs, temperature)
+
+
+def make_inputs(B, K, V, dtype, device, seed=0, filt=None):
+    """logits [B, K+1, V], draft ids [B, K], draft law q [B, K, V] (a perturbed copy of the
+    target's, under the filters ``filt`` when given)."""
     g = torch.Generator(device=device).manual_seed(seed)
     logits = (torch.randn(B, K + 1, V, device=device, generator=g) * 2.0).to(dtype)
     noisy = logits[:, :K].float() + 0.5 * torch.randn(B, K, V, device=device, generator=g)
-    q = torch.softmax(noisy, -1)
+    q = torch.softmax(torch_filter(noisy, **filt) if filt else noisy, -1)
     ids = torch.multinomial(q.view(-1, V), 1, generator=g).view(B, K)
     return logits, ids, q.to(dtype)
 
@@ -154,7 +184,40 @@ def _measure(device, fns, nbytes, peak, cold, flush):
     return out
 
 
-def bench_device(device, grid, with_compile, rows, on_row=lambda: None, cold=False, sample_grid=None):
+def filter_label(filt):
+    """Op column of a filtered verify row: v:p.9, v:k50."""
+    if "top_p" in filt:
+        return "v:p" + format(filt["top_p"], "g").lstrip("0")
+    return f"v:k{filt['top_k']}"
+
+
+def bench_filtered(device, grid, with_compile, peak, rows, on_row, cold, flush):
+    """Verify rows with filters against the sort-based PyTorch baseline (FILTERED)."""
+    compiled = torch.compile(torch_filtered_verify, dynamic=True) if with_compile else None
+    for filt in grid["filters"]:
+        for B in grid["B"]:
+            for K in grid["K"]:
+                for V in grid["V"]:
+                    logits, ids, q = make_inputs(B, K, V, torch.float32, device, filt=filt)
+                    nbytes = logits.numel() * logits.element_size() + q.numel() * q.element_size()
+                    res = specdec_ext.verify(logits, ids, q, 1.0, seed=0, **filt)
+                    alpha = (res.num_accepted.float().mean() / K).item()
+                    if compiled is not None:
+                        compiled(logits, ids, q, 1.0, **filt)
+                    fns = dict(fused=lambda: specdec_ext.verify(logits, ids, q, 1.0, seed=0, **filt),
+                               torch=lambda: torch_filtered_verify(logits, ids, q, 1.0, **filt),
+                               compile=(lambda: compiled(logits, ids, q, 1.0, **filt)) if compiled else None,
+                               flashinfer=None)
+                    rows.append(dict(op=filter_label(filt), filters=filt, device=device, dtype="fp32", B=B, K=K, V=V,
+                                     accept_rate=alpha, copy_gbps=peak,
+                                     **_measure(device, fns, nbytes, peak, cold, flush)))
+                    print_row(rows[-1], cold)
+                    on_row()
+                    del logits, ids, q
+
+
+def bench_device(device, grid, with_compile, rows, on_row=lambda: None, cold=False, sample_grid=None,
+                 filter_grid=None):
     compiled = torch.compile(torch_verify, dynamic=True) if with_compile else None
     compiled_sample = torch.compile(torch_sample, dynamic=True) if with_compile and sample_grid else None
     # the floor's bandwidth: device copy on a GPU (1 GiB), memcpy on the CPU (256 MiB: cheap)
@@ -197,6 +260,8 @@ def bench_device(device, grid, with_compile, rows, on_row=lambda: None, cold=Fal
                 print_row(rows[-1], cold)
                 on_row()
                 del logits
+    if filter_grid:
+        bench_filtered(device, filter_grid, with_compile, peak, rows, on_row, cold, flush)
 
 
 HEADER = (f"{'op':6} {'dev':4} {'dtype':5} {'B':>3} {'K':>2} {'V':>6} {'alpha':>5} | {'fused':>9} {'graph':>9} "
@@ -239,6 +304,8 @@ def main(argv):
                     help="also time with cold caches (a buffer > last-level cache streamed before every call)")
     ap.add_argument("--sample", action="store_true", help=f"add rows of the sample op {SAMPLE}")
     ap.add_argument("--sample-only", action="store_true", help="only the sample rows (no verify rows)")
+    ap.add_argument("--filters", action="store_true", help=f"add filtered verify rows {FILTERED}")
+    ap.add_argument("--filters-only", action="store_true", help="only the filtered verify rows")
     args = ap.parse_args(argv)
     grid = dict(QUICK if args.quick else FULL)
     for k in ("B", "K", "V", "dtype"):
@@ -251,7 +318,8 @@ def main(argv):
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, specdec_ext {specdec_ext.__version__}, threads {torch.get_num_threads()}")
     print(HEADER + (COLD_HEADER if args.cold else ""))
-    if args.sample_only:
+    filter_grid = dict(FILTERED, **{k: getattr(args, k) for k in ("B", "K", "V") if getattr(args, k)})
+    if args.sample_only or args.filters_only:
         grid["B"] = []
     sample_grid = SAMPLE if (args.sample or args.sample_only) else None
     rows = []
@@ -264,6 +332,7 @@ def main(argv):
                                gpu=torch.cuda.get_device_name() if "cuda" in devices else None), f, indent=1)
 
     for d in devices:
-        bench_device(d, grid, not args.no_compile, rows, on_row=save, cold=args.cold, sample_grid=sample_grid)
+        bench_device(d, grid, not args.no_compile, rows, on_row=save, cold=args.cold, sample_grid=sample_grid,
+                     filter_grid=filter_grid if (args.filters or args.filters_only) else None)
     save()
     return 0
