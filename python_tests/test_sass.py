@@ -9,6 +9,8 @@ from specdec_ext.bench import sass
 MAX_REGS = 80
 # every (logits, probs) dtype pair of verify and every logits dtype of sample
 N_VERIFY, N_SAMPLE = 9, 3
+# filter_cutoff_kernel per logits dtype; coupled_race_kernel per logits dtype + coupled_decide_kernel
+N_FILTER, N_COUPLED = 3, 4
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +50,8 @@ def test_all_kernels_found(rows):
         here = [r for r in rows if r["arch"] == arch]
         assert len(_of(here, "verify")) == N_VERIFY, [r["name"] for r in here]
         assert len(_of(here, "sample")) == N_SAMPLE, [r["name"] for r in here]
+        assert len(_of(here, "filter")) == N_FILTER, [r["name"] for r in here]
+        assert len(_of(here, "coupled")) == N_COUPLED, [r["name"] for r in here]
         assert _of(here, "kv"), [r["name"] for r in here]
 
 
@@ -62,6 +66,13 @@ def test_registers_verify_sample(rows):
     assert not bad, bad
     for r in _of(rows, "verify") + _of(rows, "sample"):
         assert r["blocks_per_sm"] >= 3, r
+
+
+def test_registers_coupled_race(rows):
+    """coupled_race_kernel runs the sample stages under the same launch bounds (3 blocks/SM)."""
+    race = [r for r in _of(rows, "coupled") if "coupled_race_kernel" in r["name"]]
+    bad = [(r["arch"], r["name"], r["reg"]) for r in race if r["reg"] is None or r["reg"] > MAX_REGS]
+    assert not bad, bad
 
 
 def test_128bit_loads_verify_sample(rows):

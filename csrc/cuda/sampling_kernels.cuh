@@ -21,6 +21,38 @@
 //   sample:  1. stat blocks per row; sync; 2. coarse race per (b, c)
 //            (+ probs_out); sync; 3. one warp per row: fine race
 //
+// Per-row num_drafts (verify): stage 1 skips positions after n_b, stage 2 tests
+// positions 0..n_b (first stop j <= n_b, bonus race at n_b); an n_b outside
+// [0, K] makes the row invalid. No extra launch.
+//
+// Filters (top-k / top-p / min-p, core/filter_math.h), only when a filter
+// argument was given: filter_cutoff_kernel runs first (one more launch, one
+// block per (row, position), grid-stride) and writes ONE logit cutoff per
+// (row, position) to ws.cutoff: block max of the raw logits (pass 0), then up to
+// 4 top-k counting passes, 4 top-p mass passes and 1 min-p pass (<= 10 reads of
+// the position), with shared-memory histograms built by integer atomics (uint32
+// counts, 2^-40 fixed-point uint64 masses), so the cutoff does not depend on the
+// thread count or the order of the atomics and equals the CPU / reference one
+// whenever the per-token exps agree. -inf (no cut) for greedy rows, unusable
+// rows, positions after n_b and rows no filter can cut. The stages then read
+// every logit of the softmax sum, the ratio test's e_x, the race weights and
+// probs_out through filtered_logit(x, cut); the max (and the greedy argmax) is
+// unchanged: the max always survives. Without filters ws.cutoff is null and the
+// launches are exactly those of the unfiltered op.
+//
+// Coupled verify (VerifyParams::coupled): coupled_race_kernel runs the three
+// sample stages over B * (K+1) virtual rows r = (b, i) (row b's rng advanced by
+// i, the sample streams at position 0: specdec::sample at offset + i, filtered
+// law included) into ws.coupled_y, skipping i > n_b; coupled_decide_kernel (one
+// warp per row, one more launch) then accepts draft i iff it equals y[b, i] and
+// emits y at the first mismatch or at n_b. draft_probs is not read.
+//
+// Launches per call (cooperative path / per-stage fallback):
+//   verify, sample (no filter):     1 / 3
+//   + filters:                      2 / 4   (filter_cutoff_kernel first)
+//   coupled verify:                 2 / 4   (+ coupled_decide_kernel after)
+//   coupled verify + filters:       3 / 5
+//
 // Stat blocks and race tiles are fixed in token space, so results do not depend
 // on C, the grid size, the launch path or the GPU model (batch invariance).
 // Inside a stat block lane l owns the 16-byte vectors l, l + 32, ... (8 of them
@@ -143,9 +175,11 @@ struct StatsMerge {
 // first index of the max; sum of shifted_exp against that lane max. Lanes merge
 // by the fixed butterfly of warp_reduce. vec: 16-byte loads (the launcher checked
 // alignment and V % (16 / sizeof(T)) == 0); else scalar loads of the same tokens.
+// cut: the position's filter cutoff (-inf = none): logits below it weigh 0 in the sum
+// (filtered_logit); the max and argmax are those of the raw logits (the max survives).
 template <typename T>
 __device__ __forceinline__ ChunkStats stat_block(const T* row, int64_t V, int64_t blk, float inv_t, bool want_sum,
-                                                 bool vec) {
+                                                 bool vec, float cut) {
   constexpr int W = 16 / sizeof(T);              // tokens per 16-byte vector
   constexpr int N = kStatBlock / (32 * W);       // vectors per lane: 8 (fp32), 4 (16-bit)
   static_assert(N * W * 32 == kStatBlock, "a stat block is whole vectors of every lane");
@@ -193,7 +227,8 @@ __device__ __forceinline__ ChunkStats stat_block(const T* row, int64_t V, int64_
   float sum = 0.0f;
   if (want_sum && m != -kInf) {
 #pragma unroll
-    for (int k = 0; k < N * W; ++k) sum += shifted_exp(x[k], m, inv_t);  // exp(-inf) = 0 for masked tokens
+    for (int k = 0; k < N * W; ++k)  // exp(-inf) = 0 for masked and filtered tokens
+      sum += shifted_exp(filtered_logit(x[k], cut), m, inv_t);
   }
   const int64_t tok = arg < 0 ? INT64_MAX : base + static_cast<int64_t>((arg / W) * 32 + lane) * W + arg % W;
   return warp_reduce(ChunkStats{m, sum, bad, tok}, StatsMerge{inv_t});
@@ -236,6 +271,7 @@ struct RowDecision {
   int64_t token;     // greedy rows: the token at j
   float max_l, sum;  // softmax stats of position j (for the fine race)
   RowStatus status;
+  float cut;         // filter cutoff of position j (-inf: none); fits the padding of the 32-byte struct
 };
 
 struct Workspace {
@@ -248,7 +284,14 @@ struct Workspace {
   int vec_logits;      // logits rows 16-byte aligned and V % (16 / sizeof(TL)) == 0: vector loads
   int vec_q;           // the same for the dense draft rows
   int vec_probs;       // probs_out rows 16-byte aligned (float4 stores where 4 tokens are in range)
+  float* cutoff;       // [B * positions] filter cutoff per (row, position), written by filter_cutoff_kernel
+                       // before the main kernel and only read by it; nullptr when no filter was given
+  int64_t* coupled_y;  // coupled verify: [B, K+1] the target's own sample per position (else nullptr)
 };
+
+// The filter cutoff of stat row r = b * positions + i (-inf when no filter was given;
+// filter_cutoff_kernel writes -inf for greedy / invalid rows and unused positions).
+__device__ __forceinline__ float cutoff_of(const Workspace& W, int64_t r) { return W.cutoff ? W.cutoff[r] : -kInf; }
 
 // The stages of one call (stage argument of the kernels).
 constexpr int kAllStages = -1;  // cooperative launch: all stages with grid syncs
@@ -274,13 +317,14 @@ __device__ __forceinline__ void load_lane_tokens(const T* row, const TQ* q_row, 
 }
 
 // Weights of those 4 tokens: p = target probability, w = residual max(0, p - q)
-// (QMode kNone: w = p; kOneHot: q one-hot at `draft`; kDense: the q row).
+// (QMode kNone: w = p; kOneHot: q one-hot at `draft`; kDense: the q row). Logits
+// below the filter cutoff `cut` weigh 0 (inv_s is then 1 / the filtered sum).
 __device__ __forceinline__ void token_weights(const float x[4], const float q[4], QMode q_mode, int64_t draft,
-                                              int64_t v0, float inv_t, float max_l, float inv_s, float w[4],
-                                              float p[4], int& bad) {
+                                              int64_t v0, float inv_t, float max_l, float inv_s, float cut,
+                                              float w[4], float p[4], int& bad) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const float e = shifted_exp(x[k], max_l, inv_t);  // 0 for a token >= V (x = -inf)
+    const float e = shifted_exp(filtered_logit(x[k], cut), max_l, inv_t);  // 0 for a token >= V (x = -inf)
     p[k] = e * inv_s;
     if (q_mode == QMode::kNone) {
       w[k] = p[k];
@@ -305,7 +349,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 // before the current tile is processed (two loads in flight per lane).
 template <typename T, typename TQ>
 __device__ RacePair chunk_coarse_race(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t V,
-                                      int64_t c, int64_t chunk_len, float inv_t, float max_l, float inv_s,
+                                      int64_t c, int64_t chunk_len, float inv_t, float max_l, float inv_s, float cut,
                                       const RowRng& rng, uint32_t tile_stream, uint32_t position,
                                       float* probs_out, const Workspace& W, RacePair* scratch) {
   static_assert(kRaceTile == 128, "one warp x 4 tokens per tile");
@@ -332,7 +376,7 @@ __device__ RacePair chunk_coarse_race(const T* row, const TQ* q_row, QMode q_mod
     }
     if (t + warps < t_end) load4(row, v0 + warps * kRaceTile, V, vec_l, -kInf, xn);
     float w[4], p[4];
-    token_weights(x, q, q_mode, draft, v0, inv_t, max_l, inv_s, w, p, bad);
+    token_weights(x, q, q_mode, draft, v0, inv_t, max_l, inv_s, cut, w, p, bad);
     if (probs_out) {
       if (vec_p && v0 + 3 < V) {
         *reinterpret_cast<float4*>(probs_out + v0) = make_float4(p[0], p[1], p[2], p[3]);
@@ -372,14 +416,14 @@ struct RaceBestMerge {
 // race picked). Same value in every lane.
 template <typename T, typename TQ>
 __device__ int64_t warp_fine_race(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t V, int64_t tile,
-                                  bool use_p, float inv_t, float max_l, float inv_s, const RowRng& rng,
+                                  bool use_p, float inv_t, float max_l, float inv_s, float cut, const RowRng& rng,
                                   uint32_t token_stream, uint32_t position, const Workspace& W) {
   const int lane = threadIdx.x & 31;
   const int64_t v0 = tile * kRaceTile + 4 * lane;
   float x[4], q[4], w[4], p[4];
   int bad = 0;
   load_lane_tokens(row, q_row, v0, V, W.vec_logits != 0, W.vec_q != 0, x, q);
-  token_weights(x, q, q_mode, draft, v0, inv_t, max_l, inv_s, w, p, bad);
+  token_weights(x, q, q_mode, draft, v0, inv_t, max_l, inv_s, cut, w, p, bad);
   const Philox4 r = rng.block(token_stream, position, static_cast<uint32_t>(v0 >> 2));
   RaceBestShfl best{0.0f, -1};
 #pragma unroll
@@ -403,10 +447,11 @@ __device__ int64_t warp_fine_race(const T* row, const TQ* q_row, QMode q_mode, i
 
 // Shared decision state of one row inside a block.
 struct RowShared {
-  int first_stop;    // min position whose test stops the chain (K: all accepted)
+  int first_stop;    // min position whose test stops the chain (n_b: all accepted)
   int bad;           // row invalid regardless of j (NaN / +inf logit, draft id out of range)
   int stop_invalid;  // the stop at first_stop is an invalid one (unusable stats, bad q(x))
   float max_l, sum;  // merged stats of position first_stop
+  float cut;         // its filter cutoff
   int64_t arg;       // its argmax
 };
 
@@ -414,17 +459,23 @@ struct PositionTest {
   bool stop, invalid_stop, bad;
 };
 
-// The test of position i given its merged stats (one thread): does the chain
-// stop here, and does that stop make the row invalid?
+// Drafts row b tests (n_b; may be out of range, the row is then invalid).
+__device__ __forceinline__ int64_t drafts_of(const int64_t* num_drafts, int64_t stride, int64_t b, int64_t K) {
+  return num_drafts ? num_drafts[b * stride] : K;
+}
+
+// The test of position i <= n of a row that tests n drafts, given its merged
+// stats (one thread): does the chain stop here, and does that stop make the row
+// invalid? Position n is the bonus position: it always stops (no test).
 template <typename TL, typename TQ>
-__device__ PositionTest test_position(const VerifyParams& P, int64_t b, int64_t i, const ChunkStats& st,
-                                      float inv_t, bool greedy, const RowRng& rng) {
+__device__ PositionTest test_position(const VerifyParams& P, const Workspace& W, int64_t b, int64_t i, int64_t n,
+                                      const ChunkStats& st, float inv_t, bool greedy, const RowRng& rng) {
   const int64_t K = P.K, V = P.V;
-  PositionTest r{i == K, false, st.bad != 0};
+  PositionTest r{i == n, false, st.bad != 0};
   int64_t x = -1;
-  if (i < K) {
+  if (i < n) {
     x = P.draft_ids[b * K + i];
-    if (x < 0 || x >= V) {  // checked at every position, like the CPU
+    if (x < 0 || x >= V) {  // checked at every tested position, like the CPU
       r.bad = r.stop = r.invalid_stop = true;
       return r;
     }
@@ -433,7 +484,7 @@ __device__ PositionTest test_position(const VerifyParams& P, int64_t b, int64_t 
     r.stop = r.invalid_stop = true;
     return r;
   }
-  if (i == K) return r;
+  if (i == n) return r;
   if (greedy) {
     r.stop = x != st.arg;
     return r;
@@ -446,27 +497,28 @@ __device__ PositionTest test_position(const VerifyParams& P, int64_t b, int64_t 
     return r;
   }
   const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b + i * P.logits_stride_k;
-  const float e_x = shifted_exp(to_float(row[x]), st.max, inv_t);
+  // the filtered p(x): 0 when x is below the cutoff, so such a draft is always rejected
+  const float e_x = shifted_exp(filtered_logit(to_float(row[x]), cutoff_of(W, b * (K + 1) + i)), st.max, inv_t);
   r.stop = !ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, st.sum, e_x);
   return r;
 }
 
-// Stage 2a (block-wide): one warp per position merges its stat blocks and
-// tests it; the chain stops at the first position whose test stops it.
+// Stage 2a (block-wide): one warp per position 0..n merges its stat blocks and
+// tests it; the chain stops at the first position whose test stops it (n if none).
 template <typename TL, typename TQ>
-__device__ void decide_row(const VerifyParams& P, const Workspace& W, int64_t b, float inv_t, bool greedy,
+__device__ void decide_row(const VerifyParams& P, const Workspace& W, int64_t b, int64_t n, float inv_t, bool greedy,
                            const RowRng& rng, RowShared& sh) {
   const int64_t K = P.K, NB = W.stat_blocks;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   if (threadIdx.x == 0) {
-    sh.first_stop = static_cast<int>(K);
+    sh.first_stop = static_cast<int>(n);
     sh.bad = 0;
   }
   __syncthreads();
-  for (int64_t i = warp; i <= K; i += warps) {
+  for (int64_t i = warp; i <= n; i += warps) {
     const ChunkStats st = merge_stat_blocks(W.stats + (b * (K + 1) + i) * NB, NB, inv_t);
     if (lane == 0) {
-      const PositionTest r = test_position<TL, TQ>(P, b, i, st, inv_t, greedy, rng);
+      const PositionTest r = test_position<TL, TQ>(P, W, b, i, n, st, inv_t, greedy, rng);
       if (r.bad) atomicOr(&sh.bad, 1);
       if (r.stop) atomicMin(&sh.first_stop, static_cast<int>(i));
     }
@@ -476,10 +528,11 @@ __device__ void decide_row(const VerifyParams& P, const Workspace& W, int64_t b,
   if (warp == 0) {  // publish the stats of the stop position
     const ChunkStats st = merge_stat_blocks(W.stats + (b * (K + 1) + j) * NB, NB, inv_t);
     if (lane == 0) {
-      const PositionTest r = test_position<TL, TQ>(P, b, j, st, inv_t, greedy, rng);
+      const PositionTest r = test_position<TL, TQ>(P, W, b, j, n, st, inv_t, greedy, rng);
       sh.stop_invalid = r.invalid_stop;
       sh.max_l = st.max;
       sh.sum = st.sum;
+      sh.cut = greedy ? -kInf : cutoff_of(W, b * (K + 1) + j);
       sh.arg = st.arg;
     }
   }
@@ -507,38 +560,41 @@ struct RaceSite {
   uint32_t position;
 };
 
+// The race site of verify row b stopped at j, testing n drafts (j == n: the bonus, no q).
 template <typename TL, typename TQ>
-__device__ __forceinline__ RaceSite<TL, TQ> verify_site(const VerifyParams& P, int64_t b, int64_t j) {
-  const QMode q_mode = q_mode_at(j, P.K, P.draft_probs != nullptr);
+__device__ __forceinline__ RaceSite<TL, TQ> verify_site(const VerifyParams& P, int64_t b, int64_t j, int64_t n) {
+  const QMode q_mode = q_mode_at(j, n, P.draft_probs != nullptr);
   return RaceSite<TL, TQ>{
       static_cast<const TL*>(P.logits) + b * P.logits_stride_b + j * P.logits_stride_k,
       q_mode == QMode::kDense ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b + j * P.probs_stride_k
                               : nullptr,
-      q_mode, j < P.K ? P.draft_ids[b * P.K + j] : -1, static_cast<uint32_t>(j)};
-}
-
-template <typename TL>
-__device__ __forceinline__ RaceSite<TL, float> sample_site(const SampleParams& P, int64_t b) {
-  return RaceSite<TL, float>{static_cast<const TL*>(P.logits) + b * P.logits_stride_b, nullptr, QMode::kNone, -1, 0u};
+      q_mode, j < n ? P.draft_ids[b * P.K + j] : -1, static_cast<uint32_t>(j)};
 }
 
 // Stage 1: stats of every (row, position, stat block): one warp per stat block,
 // global warp index w takes items w, w + all warps, ... (every warp of the grid
 // has work as long as there are stat blocks: B = 1, K = 5, V = 128256 has 756).
-// `positions` = K + 1 (verify) or 1 (sample).
+// `positions` = K + 1 (verify) or 1 (sample). num_drafts (verify, may be null):
+// positions after n_b are not read (their stats are never used), and an n_b
+// outside [0, positions) makes the row invalid like an unusable temperature.
 template <typename TL>
 __device__ void stats_stage(const void* logits, int64_t stride_b, int64_t stride_k, int64_t positions,
-                            const ScalarOrRow<float>& temperature, int64_t B, int64_t V, const Workspace& W) {
+                            const ScalarOrRow<float>& temperature, const int64_t* num_drafts, int64_t nd_stride,
+                            int64_t B, int64_t V, const Workspace& W) {
   const int64_t NB = W.stat_blocks, total = B * positions * NB;
   const int64_t warps = blockDim.x >> 5;
   for (int64_t item = blockIdx.x * warps + (threadIdx.x >> 5); item < total; item += gridDim.x * warps) {
     const int64_t r = item / NB, blk = item - r * NB, b = r / positions, i = r - b * positions;
     const float t = temperature.get(b);
+    const int64_t n = drafts_of(num_drafts, nd_stride, b, positions - 1);
     ChunkStats st = ChunkStats::empty();
-    st.bad = 1;  // an unusable temperature: the row is invalid, its logits are not read
-    if (valid_temperature(t)) {
-      const TL* row = static_cast<const TL*>(logits) + b * stride_b + i * stride_k;
-      st = stat_block(row, V, blk, stats_inv_t(t), t != 0.0f, W.vec_logits != 0);
+    st.bad = 1;  // an unusable temperature / n_b: the row is invalid, its logits are not read
+    if (valid_temperature(t) && n >= 0 && n < positions) {
+      st.bad = 0;
+      if (i <= n) {
+        const TL* row = static_cast<const TL*>(logits) + b * stride_b + i * stride_k;
+        st = stat_block(row, V, blk, stats_inv_t(t), t != 0.0f, W.vec_logits != 0, cutoff_of(W, r));
+      }
     }
     if ((threadIdx.x & 31) == 0) W.stats[item] = st;  // item == (b * positions + i) * NB + blk
   }
@@ -566,7 +622,8 @@ __device__ int64_t final_token(const RowDecision& d, const RacePair* race, int64
   const int64_t ntiles = (V + kRaceTile - 1) / kRaceTile;
   if (r.bad || tile < 0 || tile >= ntiles) return -1;
   const int64_t token = warp_fine_race(site.row, site.q_row, site.q_mode, site.draft, V, tile, use_p,
-                                       1.0f / temperature, d.max_l, 1.0f / d.sum, rng, token_stream, site.position, W);
+                                       1.0f / temperature, d.max_l, 1.0f / d.sum, d.cut, rng, token_stream,
+                                       site.position, W);
   return (token >= 0 && token < V) ? token : -1;
 }
 
@@ -584,7 +641,7 @@ __device__ __forceinline__ void for_each_row_per_warp(int64_t B, Fn&& fn) {
 // ----------------------------------------------------------------------------
 
 // Stage 2: item (b, c): the block decides row b (decide_row: merged stats,
-// all positions tested, first stop j), then runs the coarse race over the
+// positions 0..n_b tested, first stop j), then runs the coarse race over the
 // tiles of chunk c of position j. The block of chunk 0 publishes the decision.
 template <typename TL, typename TQ>
 __device__ void verify_decide_stage(const VerifyParams& P, const Workspace& W, RowShared& row,
@@ -593,41 +650,47 @@ __device__ void verify_decide_stage(const VerifyParams& P, const Workspace& W, R
   for (int64_t item = blockIdx.x; item < P.B * C; item += gridDim.x) {
     const int64_t b = item / C, c = item % C;
     const float t = P.temperature.get(b);
-    const bool t_ok = valid_temperature(t), greedy = t == 0.0f;
+    const int64_t n = P.drafts_of(b);
+    // block-uniform: a device tensor's bad temperature / filter / n_b makes the row invalid
+    const bool t_ok = valid_temperature(t) && valid_filter(P.filters.get(b)) && n >= 0 && n <= P.K;
+    const bool greedy = t == 0.0f;
     const float inv_t = stats_inv_t(t);
     const RowRng rng = make_row_rng(P.rnd, b);
     if (t_ok) {
-      decide_row<TL, TQ>(P, W, b, inv_t, greedy, rng, row);
+      decide_row<TL, TQ>(P, W, b, n, inv_t, greedy, rng, row);
     } else {
-      if (threadIdx.x == 0) row = RowShared{0, 1, 1, 0.0f, 0.0f, 0};
+      if (threadIdx.x == 0) row = RowShared{0, 1, 1, 0.0f, 0.0f, -kInf, 0};
       __syncthreads();
     }
     const bool valid = t_ok && !row.bad && !row.stop_invalid;
     const int64_t j = row.first_stop;
     RacePair rp = RacePair::empty();
     if (valid && !greedy) {
-      const RaceSite<TL, TQ> site = verify_site<TL, TQ>(P, b, j);
+      const RaceSite<TL, TQ> site = verify_site<TL, TQ>(P, b, j, n);
       rp = chunk_coarse_race(site.row, site.q_row, site.q_mode, site.draft, P.V, c, W.chunk_len, inv_t, row.max_l,
-                             1.0f / row.sum, rng, kStreamVerifyTile, site.position, static_cast<float*>(nullptr), W,
-                             race_scratch);
+                             1.0f / row.sum, row.cut, rng, kStreamVerifyTile, site.position,
+                             static_cast<float*>(nullptr), W, race_scratch);
     }
     if (threadIdx.x == 0) {
       W.race[item] = rp;
       if (c == 0)
         W.rows[b] = RowDecision{j, row.arg, row.max_l, row.sum,
-                                valid ? (greedy ? RowStatus::kGreedy : RowStatus::kSampled) : RowStatus::kInvalid};
+                                valid ? (greedy ? RowStatus::kGreedy : RowStatus::kSampled) : RowStatus::kInvalid,
+                                row.cut};
     }
     __syncthreads();  // `row` is reused by the next item
   }
 }
 
-// Stage 3: one warp per row: its token, then lane 0 writes the outputs.
+// Stage 3: one warp per row: its token, then lane 0 writes the outputs. n_b is
+// only read for a decided (valid) row, where it is in [0, K].
 template <typename TL, typename TQ>
 __device__ void verify_output_stage(const VerifyParams& P, const Workspace& W) {
   const int64_t K = P.K;
   for_each_row_per_warp(P.B, [&](int64_t b) {
     const RowDecision d = W.rows[b];
-    const int64_t token = final_token(d, W.race + b * W.chunks, W.chunks, verify_site<TL, TQ>(P, b, d.j), P.V,
+    const int64_t n = d.status == RowStatus::kSampled ? P.drafts_of(b) : K;
+    const int64_t token = final_token(d, W.race + b * W.chunks, W.chunks, verify_site<TL, TQ>(P, b, d.j, n), P.V,
                                       P.temperature.get(b), make_row_rng(P.rnd, b), kStreamVerifyRace, W);
     if ((threadIdx.x & 31) == 0) {
       const bool valid = token >= 0;
@@ -641,6 +704,7 @@ __device__ void verify_output_stage(const VerifyParams& P, const Workspace& W) {
 
 // stage == kAllStages: a cooperative launch runs the three stages with grid syncs;
 // else one stage per launch (0, 1, 2 in stream order). Same work either way.
+// With filters, filter_cutoff_kernel ran before (W.cutoff).
 template <typename TL, typename TQ>
 __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) verify_kernel(VerifyParams P, Workspace W,
                                                                                 int stage) {
@@ -648,7 +712,8 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) verify_kernel(
   __shared__ RowShared row;
   const bool all = stage == kAllStages;
   if (all || stage == 0)
-    stats_stage<TL>(P.logits, P.logits_stride_b, P.logits_stride_k, P.K + 1, P.temperature, P.B, P.V, W);
+    stats_stage<TL>(P.logits, P.logits_stride_b, P.logits_stride_k, P.K + 1, P.temperature, P.num_drafts,
+                    P.num_drafts_stride, P.B, P.V, W);
   if (all) cg::this_grid().sync();
   if (all || stage == 1) verify_decide_stage<TL, TQ>(P, W, row, race_scratch);
   if (all) cg::this_grid().sync();
@@ -656,33 +721,77 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) verify_kernel(
 }
 
 // ----------------------------------------------------------------------------
-// sample
+// sample, and the per-position samples of coupled verify
 // ----------------------------------------------------------------------------
 
-// Stage 2: item (b, c): merged stats of row b, then the coarse race over chunk c
-// (writing p to probs_out), or the one-hot / zero probs_out of a greedy / invalid row.
+// The rows the sample stages run on. SampleRows: specdec::sample's B rows.
+// CoupledRows: coupled verify's B * (K+1) virtual rows, r = b * (K+1) + i = the
+// target's own sample at position i of row b (row b's rng advanced by i, the
+// sample streams at position 0: exactly specdec::sample at offset + i); rows
+// with i > n_b (or an unusable n_b / filter) are invalid and never read.
+// Both index the stats, cutoffs and race workspace by r.
 template <typename TL>
-__device__ void sample_decide_stage(const SampleParams& P, const Workspace& W, ChunkStats& row_stats,
+struct SampleRows {
+  const SampleParams& P;
+  __device__ __forceinline__ int64_t count() const { return P.B; }
+  __device__ __forceinline__ float temperature(int64_t r) const { return P.temperature.get(r); }
+  __device__ __forceinline__ bool usable(int64_t r) const { return valid_filter(P.filters.get(r)); }
+  __device__ __forceinline__ const TL* row(int64_t r) const {
+    return static_cast<const TL*>(P.logits) + r * P.logits_stride_b;
+  }
+  __device__ __forceinline__ RowRng rng(int64_t r) const { return make_row_rng(P.rnd, r); }
+  __device__ __forceinline__ float* probs(int64_t r) const {
+    return P.probs_out ? P.probs_out + r * P.probs_stride_b : nullptr;
+  }
+  __device__ __forceinline__ void put(int64_t r, int64_t token) const { P.tokens[r] = token; }
+};
+
+template <typename TL>
+struct CoupledRows {
+  const VerifyParams& P;
+  int64_t* y;  // [B, K+1]
+  __device__ __forceinline__ int64_t count() const { return P.B * (P.K + 1); }
+  __device__ __forceinline__ float temperature(int64_t r) const { return P.temperature.get(r / (P.K + 1)); }
+  __device__ __forceinline__ bool usable(int64_t r) const {
+    const int64_t b = r / (P.K + 1), i = r - b * (P.K + 1), n = P.drafts_of(b);
+    return valid_filter(P.filters.get(b)) && n >= 0 && n <= P.K && i <= n;
+  }
+  __device__ __forceinline__ const TL* row(int64_t r) const {
+    const int64_t b = r / (P.K + 1), i = r - b * (P.K + 1);
+    return static_cast<const TL*>(P.logits) + b * P.logits_stride_b + i * P.logits_stride_k;
+  }
+  __device__ __forceinline__ RowRng rng(int64_t r) const {
+    const int64_t b = r / (P.K + 1);
+    return make_row_rng(P.rnd, b).advanced(static_cast<uint64_t>(r - b * (P.K + 1)));
+  }
+  __device__ __forceinline__ float* probs(int64_t) const { return nullptr; }
+  __device__ __forceinline__ void put(int64_t r, int64_t token) const { y[r] = token; }
+};
+
+// Stage 2: item (r, c): merged stats of row r, then the coarse race over chunk c
+// (writing p to probs_out), or the one-hot / zero probs_out of a greedy / invalid row.
+template <typename TL, typename Rows>
+__device__ void sample_decide_stage(const Rows& R, int64_t V, const Workspace& W, ChunkStats& row_stats,
                                     RacePair* race_scratch) {
-  const int64_t V = P.V, C = W.chunks, NB = W.stat_blocks;
-  for (int64_t item = blockIdx.x; item < P.B * C; item += gridDim.x) {
-    const int64_t b = item / C, c = item % C;
-    const float t = P.temperature.get(b);
+  const int64_t C = W.chunks, NB = W.stat_blocks;
+  for (int64_t item = blockIdx.x; item < R.count() * C; item += gridDim.x) {
+    const int64_t r = item / C, c = item % C;
+    const float t = R.temperature(r);
     const bool greedy = t == 0.0f;
     if ((threadIdx.x >> 5) == 0) {
-      const ChunkStats st = merge_stat_blocks(W.stats + b * NB, NB, stats_inv_t(t));
+      const ChunkStats st = merge_stat_blocks(W.stats + r * NB, NB, stats_inv_t(t));
       if (threadIdx.x == 0) row_stats = st;
     }
     __syncthreads();
     const ChunkStats st = row_stats;
-    const bool valid = valid_temperature(t) && !st.bad && usable_max(st.max);
-    float* probs = P.probs_out ? P.probs_out + b * P.probs_stride_b : nullptr;
+    const bool valid = valid_temperature(t) && R.usable(r) && !st.bad && usable_max(st.max);
+    float* probs = R.probs(r);
     const int64_t begin = c * W.chunk_len, end = imin(V, begin + W.chunk_len);
+    const float cut = valid && !greedy ? cutoff_of(W, r) : -kInf;
     RacePair rp = RacePair::empty();
     if (valid && !greedy) {
-      const RaceSite<TL, float> site = sample_site<TL>(P, b);
-      rp = chunk_coarse_race(site.row, site.q_row, site.q_mode, site.draft, V, c, W.chunk_len, 1.0f / t, st.max,
-                             1.0f / st.sum, make_row_rng(P.rnd, b), kStreamSampleTile, site.position, probs, W,
+      rp = chunk_coarse_race(R.row(r), static_cast<const float*>(nullptr), QMode::kNone, -1, V, c, W.chunk_len,
+                             1.0f / t, st.max, 1.0f / st.sum, cut, R.rng(r), kStreamSampleTile, 0u, probs, W,
                              race_scratch);
     } else if (probs) {
       for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x)
@@ -692,11 +801,23 @@ __device__ void sample_decide_stage(const SampleParams& P, const Workspace& W, C
       rp.bad = !valid;
       W.race[item] = rp;
       if (c == 0)
-        W.rows[b] = RowDecision{0, st.arg, st.max, st.sum,
-                                valid ? (greedy ? RowStatus::kGreedy : RowStatus::kSampled) : RowStatus::kInvalid};
+        W.rows[r] = RowDecision{0, st.arg, st.max, st.sum,
+                                valid ? (greedy ? RowStatus::kGreedy : RowStatus::kSampled) : RowStatus::kInvalid,
+                                cut};
     }
     __syncthreads();  // row_stats is reused by the next item
   }
+}
+
+// Stage 3: one warp per row: the fine race, lane 0 writes the token (-1: invalid).
+template <typename TL, typename Rows>
+__device__ void sample_output_stage(const Rows& R, int64_t V, const Workspace& W) {
+  for_each_row_per_warp(R.count(), [&](int64_t r) {
+    const RaceSite<TL, float> site{R.row(r), nullptr, QMode::kNone, -1, 0u};
+    const int64_t token = final_token(W.rows[r], W.race + r * W.chunks, W.chunks, site, V, R.temperature(r),
+                                      R.rng(r), kStreamSampleRace, W);
+    if ((threadIdx.x & 31) == 0) R.put(r, token);
+  });
 }
 
 template <typename TL>
@@ -704,17 +825,242 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) sample_kernel(
                                                                                 int stage) {
   __shared__ RacePair race_scratch[32];
   __shared__ ChunkStats row_stats;
+  const SampleRows<TL> R{P};
   const bool all = stage == kAllStages;
-  if (all || stage == 0) stats_stage<TL>(P.logits, P.logits_stride_b, 0, 1, P.temperature, P.B, P.V, W);
+  if (all || stage == 0)
+    stats_stage<TL>(P.logits, P.logits_stride_b, 0, 1, P.temperature, nullptr, 0, P.B, P.V, W);
   if (all) cg::this_grid().sync();
-  if (all || stage == 1) sample_decide_stage<TL>(P, W, row_stats, race_scratch);
+  if (all || stage == 1) sample_decide_stage<TL>(R, P.V, W, row_stats, race_scratch);
   if (all) cg::this_grid().sync();
-  if (all || stage == 2)
-    for_each_row_per_warp(P.B, [&](int64_t b) {
-      const int64_t token = final_token(W.rows[b], W.race + b * W.chunks, W.chunks, sample_site<TL>(P, b), P.V,
-                                        P.temperature.get(b), make_row_rng(P.rnd, b), kStreamSampleRace, W);
-      if ((threadIdx.x & 31) == 0) P.tokens[b] = token;
+  if (all || stage == 2) sample_output_stage<TL>(R, P.V, W);
+}
+
+// ----------------------------------------------------------------------------
+// coupled verify (VerifyParams::coupled)
+// ----------------------------------------------------------------------------
+// The token at position i of row b is specdec::sample's draw from the filtered
+// law at (b, i) keyed by offset + i, for every i <= n_b: coupled_race_kernel runs
+// the three sample stages over the B * (K+1) virtual rows (CoupledRows) into
+// W.coupled_y, then coupled_decide_kernel (one more launch: the decision needs
+// every position of a row, i.e. a grid-wide dependency) accepts draft i iff it
+// equals y[b, i] and emits y at the first mismatch or at n_b. Greedy rows go
+// the same way: their "sample" is the argmax (kGreedy), which is the greedy
+// rule. Every position 0..n_b is sampled whether or not the chain reaches it
+// (the price of one parallel pass instead of a sequential one).
+
+template <typename TL>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) coupled_race_kernel(VerifyParams P, Workspace W,
+                                                                                      int stage) {
+  __shared__ RacePair race_scratch[32];
+  __shared__ ChunkStats row_stats;
+  const CoupledRows<TL> R{P, W.coupled_y};
+  const bool all = stage == kAllStages;
+  if (all || stage == 0)
+    stats_stage<TL>(P.logits, P.logits_stride_b, P.logits_stride_k, P.K + 1, P.temperature, P.num_drafts,
+                    P.num_drafts_stride, P.B, P.V, W);
+  if (all) cg::this_grid().sync();
+  if (all || stage == 1) sample_decide_stage<TL>(R, P.V, W, row_stats, race_scratch);
+  if (all) cg::this_grid().sync();
+  if (all || stage == 2) sample_output_stage<TL>(R, P.V, W);
+}
+
+// One warp per row b: validity (temperature, filter, n_b, draft ids of positions
+// < n_b, NaN / +inf in positions 0..n_b from the stat blocks' flags), the first
+// i < n_b with y[b, i] != draft i (n_b if none), the outputs. y[b, j] < 0 means
+// position j has no distribution (all -inf): invalid, as in the reference, while
+// an unusable position after j does not matter.
+__global__ void __launch_bounds__(kBlockThreads) coupled_decide_kernel(VerifyParams P, Workspace W) {
+  const int64_t K = P.K, NB = W.stat_blocks;
+  for_each_row_per_warp(P.B, [&](int64_t b) {
+    const int lane = threadIdx.x & 31;
+    const float t = P.temperature.get(b);
+    const int64_t n = P.drafts_of(b);
+    const int64_t* draft = P.draft_ids + b * K;
+    const int64_t* y = W.coupled_y + b * (K + 1);
+    bool ok = valid_temperature(t) && valid_filter(P.filters.get(b)) && n >= 0 && n <= K;  // warp-uniform
+    int64_t j = n;
+    if (ok) {
+      int bad = 0;
+      for (int64_t i = lane; i < n; i += 32) bad |= (draft[i] < 0 || draft[i] >= P.V) ? 1 : 0;
+      const ChunkStats* st = W.stats + b * (K + 1) * NB;  // positions 0..n are stat rows b*(K+1) + i
+      for (int64_t k = lane; k < (n + 1) * NB; k += 32) bad |= st[k].bad;
+      ok = !__any_sync(0xffffffffu, bad);
+      for (int64_t i0 = 0; i0 < n; i0 += 32) {  // first mismatch, 32 positions per step
+        const int64_t i = i0 + lane;
+        const unsigned miss = __ballot_sync(0xffffffffu, i < n && y[i] != draft[i]);
+        if (miss) {
+          j = i0 + __ffs(static_cast<int>(miss)) - 1;
+          break;
+        }
+      }
+    }
+    const int64_t token = ok ? y[j] : -1;
+    const bool valid = ok && token >= 0 && token < P.V;
+    int64_t* out = P.tokens + b * (K + 1);
+    for (int64_t i = lane; i <= K; i += 32) out[i] = !valid ? -1 : i < j ? draft[i] : i == j ? token : -1;
+    if (lane == 0) {
+      P.num_accepted[b] = valid ? j : 0;
+      P.valid[b] = valid;
+    }
+  });
+}
+
+// ----------------------------------------------------------------------------
+// Filter cutoffs (core/filter_math.h): one block per (row, position)
+// ----------------------------------------------------------------------------
+// Launched before the main kernel, only when a filter argument was given. Block
+// (b, i) (grid-stride over B * positions): skipped (cutoff -inf) for greedy rows,
+// rows with an unusable temperature / filter / n_b, positions after n_b and rows
+// where no filter can remove a token (filter_on); else
+//   pass 0: block max m of the raw logits (+ a NaN / +inf flag: such a position
+//           makes the row invalid in the main kernel; its cutoff stays -inf),
+//   top-k:  4 counting passes, top-p: 4 mass passes, min-p: 1 min pass,
+// i.e. 1 + up to 9 reads of the position. Histograms live in shared memory and
+// are built with INTEGER atomics (uint32 counts, 2^-40 fixed-point uint64
+// masses): integer sums do not depend on the order in which threads add, so the
+// digits picked (by every thread, from the same histogram) and the cutoff are
+// the reference's (filter_cutoff_reference) whenever the per-token exps agree.
+
+struct FilterParams {
+  const void* logits;  // [B, positions, V] with these element strides
+  int64_t stride_b, stride_k;
+  int64_t B, positions, V;
+  ScalarOrRow<float> temperature;
+  RowFilters filters;
+  const int64_t* num_drafts;  // verify: [B] (positions after n_b skipped), or nullptr
+  int64_t num_drafts_stride;
+  int vec;       // vector loads allowed (Workspace::vec_logits)
+  float* cutoff; // [B * positions] out
+};
+
+constexpr int kFilterThreads = 256;
+
+struct MaxBad {
+  float m;
+  int bad;
+  __device__ __forceinline__ MaxBad shfl(int k) const { return MaxBad{shfl_xor(m, k), shfl_xor(bad, k)}; }
+};
+struct MaxBadMerge {
+  __device__ MaxBad operator()(const MaxBad& a, const MaxBad& b) const { return MaxBad{fmaxf(a.m, b.m), a.bad | b.bad}; }
+};
+struct MinVal {
+  float v;
+  __device__ __forceinline__ MinVal shfl(int k) const { return MinVal{shfl_xor(v, k)}; }
+};
+struct MinMerge {
+  __device__ MinVal operator()(const MinVal& a, const MinVal& b) const { return MinVal{fminf(a.v, b.v)}; }
+};
+
+// fn(x) for every token of a row position (block-wide: thread t takes the groups
+// of 4 tokens t, t + blockDim, ...; one 16-byte / 8-byte load each when vec).
+template <typename T, typename Fn>
+__device__ __forceinline__ void for_each_token(const T* row, int64_t V, bool vec, Fn&& fn) {
+  for (int64_t v0 = 4 * static_cast<int64_t>(threadIdx.x); v0 < V; v0 += 4 * static_cast<int64_t>(blockDim.x)) {
+    float x[4];
+    load4(row, v0, V, vec, -kInf, x);
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (v0 + k < V) fn(x[k]);
+  }
+}
+
+// Zero the histogram(s) of the next pass. The first barrier: every thread has
+// finished reading the previous pass's histogram (each picks its digit from it).
+__device__ __forceinline__ void clear_histogram(uint32_t* count, unsigned long long* mass) {
+  __syncthreads();
+  for (int d = threadIdx.x; d < kRadixBins; d += blockDim.x) {
+    count[d] = 0u;
+    if (mass) mass[d] = 0ull;
+  }
+  __syncthreads();
+}
+
+// The cutoff of one row position with finite max m (block-wide; every thread
+// returns it): filter_cutoff_reference's passes over block-wide histograms.
+template <typename T>
+__device__ float block_cutoff(const T* row, int64_t V, bool vec, float m, float inv_t, const FilterSpec& f,
+                              uint32_t* count, unsigned long long* mass, MinVal* scratch) {
+  float cut = -kInf;
+  uint32_t kcut = 0;  // order_key of the top-k cutoff (0: below every key)
+  if (f.top_k > 0 && f.top_k < V) {
+    RadixState s;
+    int64_t k_left = f.top_k;
+    while (!s.done()) {
+      clear_histogram(count, nullptr);
+      for_each_token(row, V, vec, [&](float x) {
+        const uint32_t key = order_key(x);
+        if (s.in_bucket(key)) atomicAdd(&count[s.digit(key)], 1u);
+      });
+      __syncthreads();
+      s.descend(topk_digit(count, k_left));  // the same digit in every thread (same counts)
+    }
+    kcut = s.prefix;
+    cut = key_to_float(kcut);
+  }
+  if (f.top_p < 1.0f) {
+    static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "mass bins are read as uint64_t");
+    const uint64_t* msum = reinterpret_cast<const uint64_t*>(mass);
+    RadixState s;
+    uint64_t above = 0;
+    double limit = 0.0;
+    while (!s.done()) {
+      clear_histogram(count, mass);
+      for_each_token(row, V, vec, [&](float x) {
+        const uint32_t key = order_key(x);
+        if (key < kcut || !s.in_bucket(key)) return;  // top-p runs on the top-k survivors
+        const int d = s.digit(key);
+        atomicAdd(&count[d], 1u);
+        const uint64_t e = fixed_mass(shifted_exp(x, m, inv_t));
+        if (e) atomicAdd(&mass[d], static_cast<unsigned long long>(e));
+      });
+      __syncthreads();
+      if (s.bits == 0) {  // the first pass holds every survivor: the total mass
+        uint64_t total = 0;
+        for (int d = 0; d < kRadixBins; ++d) total += msum[d];
+        limit = topp_limit(f.top_p, total);
+      }
+      s.descend(topp_digit(msum, count, above, limit));
+    }
+    cut = max_cutoff(cut, key_to_float(s.prefix));
+  }
+  if (f.min_p > 0.0f) {  // the smallest logit with e >= min_p (the max qualifies: e = 1)
+    MinVal lo{m};
+    for_each_token(row, V, vec, [&](float x) {
+      if (x < lo.v && shifted_exp(x, m, inv_t) >= f.min_p) lo.v = x;
     });
+    lo = block_reduce(lo, MinMerge{}, scratch);
+    cut = max_cutoff(cut, lo.v);
+  }
+  return cut;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kFilterThreads) filter_cutoff_kernel(FilterParams F) {
+  __shared__ uint32_t count[kRadixBins];
+  __shared__ unsigned long long mass[kRadixBins];
+  __shared__ MaxBad max_scratch[32];
+  __shared__ MinVal min_scratch[32];
+  for (int64_t item = blockIdx.x; item < F.B * F.positions; item += gridDim.x) {
+    const int64_t b = item / F.positions, i = item - b * F.positions;
+    const float t = F.temperature.get(b);
+    const FilterSpec f = F.filters.get(b);
+    const int64_t n = drafts_of(F.num_drafts, F.num_drafts_stride, b, F.positions - 1);
+    float cut = -kInf;
+    // block-uniform (depends on b, i only): the passes below contain barriers
+    if (t != 0.0f && valid_temperature(t) && valid_filter(f) && filter_on(f, F.V) && n >= 0 && n < F.positions &&
+        i <= n) {
+      const T* row = static_cast<const T*>(F.logits) + b * F.stride_b + i * F.stride_k;
+      MaxBad mb{-kInf, 0};
+      for_each_token(row, F.V, F.vec != 0, [&](float x) {
+        if (bad_logit(x)) mb.bad = 1;
+        else mb.m = fmaxf(mb.m, x);
+      });
+      mb = block_reduce(mb, MaxBadMerge{}, max_scratch);
+      if (!mb.bad && usable_max(mb.m))
+        cut = block_cutoff(row, F.V, F.vec != 0, mb.m, 1.0f / t, f, count, mass, min_scratch);
+    }
+    if (threadIdx.x == 0) F.cutoff[item] = cut;
+  }
 }
 
 }  // namespace specdec::cuda

@@ -4,6 +4,8 @@ Reads the built library (specdec_ext/_C*.so) with cuobjdump (found next to torch
 Triton, triton/backends/nvidia/bin, else on PATH, else under CUDA_HOME/bin) and prints,
 for every verify / sample / KV kernel instantiation:
 
+* (kinds: verify, sample, filter = the filter cutoff pass, coupled = coupled verify's
+  race and decision kernels, kv)
 * registers per thread, stack frame (bytes), spill stores / loads (STL / LDL in SASS),
   shared memory per block;
 * theoretical blocks per SM at the kernel's block size (all our kernels launch 256
@@ -176,6 +178,10 @@ def kind_of(name):
         return "verify"
     if "sample_kernel" in name:
         return "sample"
+    if "filter_cutoff_kernel" in name:
+        return "filter"  # the top-k / top-p / min-p cutoff pass (launched only with filters)
+    if "coupled_race_kernel" in name or "coupled_decide_kernel" in name:
+        return "coupled"  # coupled verify: the per-position sample race and the decision
     if re.search(r"kv_|paged_", name):
         return "kv"
     return "other"
@@ -216,11 +222,11 @@ def analyse(lib, tool, arch=None):
 
 
 def print_table(rows):
-    h = (f"{'arch':6} {'kind':6} {'kernel':58} {'reg':>4} {'stack':>5} {'STL':>4} {'LDL':>4} {'smem':>5} "
+    h = (f"{'arch':6} {'kind':7} {'kernel':58} {'reg':>4} {'stack':>5} {'STL':>4} {'LDL':>4} {'smem':>5} "
          f"{'blk/SM':>6} {'limit':>7} {'LDG128':>6} {'LDG64':>5} {'LDG<=32':>7}")
     print(h)
     for r in rows:
-        print(f"{r['arch'] or '?':6} {r['kind']:6} {r['name'][:58]:58} {r['reg']!s:>4} {r['stack']!s:>5} "
+        print(f"{r['arch'] or '?':6} {r['kind']:7} {r['name'][:58]:58} {r['reg']!s:>4} {r['stack']!s:>5} "
               f"{r['stl']!s:>4} {r['ldl']!s:>4} {r['shared']!s:>5} {r['blocks_per_sm']!s:>6} {r['limit']!s:>7} "
               f"{r['ldg128']!s:>6} {r['ldg64']!s:>5} {r['ldg_narrow']!s:>7}")
     print(f"model: {MODEL}; block = {DEFAULT_BLOCK} threads")
