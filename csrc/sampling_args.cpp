@@ -1,5 +1,7 @@
 #include "sampling_args.h"
 
+#include <type_traits>
+
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
@@ -72,39 +74,36 @@ std::vector<T> host_values(const at::Tensor& t) {
   return std::vector<T>(p, p + c.numel());
 }
 
-// The filters: each None (off), a 0-dim tensor or a [B] tensor. Values the host can
-// see (CPU tensors) must be in range, else ValueError; a device tensor's bad value
-// makes its row invalid (no host sync).
-RowFilters row_filters(const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
-                       const std::optional<at::Tensor>& min_p, const at::Tensor& ref, int64_t B,
-                       std::vector<at::Tensor>& keep) {
+// One filter argument: None (off: `f` unchanged), a 0-dim or a [B] tensor of the
+// right kind. Values the host can see (CPU tensors) must pass the kernels' rule
+// (valid_filter, applied through `set`), else ValueError; a device tensor's bad
+// value makes its row invalid (no host sync).
+template <typename T, typename Set>
+void filter_arg(const std::optional<at::Tensor>& t, const at::Tensor& ref, int64_t B, const char* name,
+                const char* range, ScalarOrRow<T>& out, Set set, RowFilters& f, std::vector<at::Tensor>& keep) {
+  if (!t.has_value()) return;
+  constexpr bool kInt = std::is_integral_v<T>;
+  TORCH_CHECK_TYPE(kInt ? args::is_index_dtype(*t) : t->is_floating_point(), name, " must be ",
+                   kInt ? "an int or an int64 tensor" : "a float or a floating tensor", ", got ", t->scalar_type());
+  out = per_row_value<T>(*t, ref, B, name, kInt ? "an int" : "a float", keep);  // checks the shape first
+  if (t->device().is_cpu())
+    for (T v : host_values<T>(*t)) {
+      FilterSpec one;
+      set(one, v);
+      TORCH_CHECK_VALUE(valid_filter(one), name, " must be ", range, ", got ", v);
+    }
+  f.any = true;
+}
+
+// The filters (core/filter_math.h): top_k, top_p, min_p, each optional.
+RowFilters row_filters(const SamplingFilters& in, const at::Tensor& ref, int64_t B, std::vector<at::Tensor>& keep) {
   RowFilters f;
-  if (top_k.has_value()) {
-    TORCH_CHECK_TYPE(args::is_index_dtype(*top_k), "top_k must be an int or an int64 tensor, got ",
-                     top_k->scalar_type());
-    if (top_k->device().is_cpu())
-      for (int64_t k : host_values<int64_t>(*top_k)) TORCH_CHECK_VALUE(k >= 0, "top_k must be >= 0 (0 = off), got ", k);
-    f.top_k = per_row_value<int64_t>(*top_k, ref, B, "top_k", "an int", keep);
-    f.any = true;
-  }
-  if (top_p.has_value()) {
-    TORCH_CHECK_TYPE(top_p->is_floating_point(), "top_p must be a float or a floating tensor, got ",
-                     top_p->scalar_type());
-    if (top_p->device().is_cpu())
-      for (float p : host_values<float>(*top_p))
-        TORCH_CHECK_VALUE(p > 0.0f && p <= 1.0f, "top_p must be in (0, 1] (1 = off), got ", p);
-    f.top_p = per_row_value<float>(*top_p, ref, B, "top_p", "a float", keep);
-    f.any = true;
-  }
-  if (min_p.has_value()) {
-    TORCH_CHECK_TYPE(min_p->is_floating_point(), "min_p must be a float or a floating tensor, got ",
-                     min_p->scalar_type());
-    if (min_p->device().is_cpu())
-      for (float p : host_values<float>(*min_p))
-        TORCH_CHECK_VALUE(p >= 0.0f && p < 1.0f, "min_p must be in [0, 1) (0 = off), got ", p);
-    f.min_p = per_row_value<float>(*min_p, ref, B, "min_p", "a float", keep);
-    f.any = true;
-  }
+  filter_arg<int64_t>(in.top_k, ref, B, "top_k", ">= 0 (0 = off)", f.top_k,
+                      [](FilterSpec& s, int64_t v) { s.top_k = v; }, f, keep);
+  filter_arg<float>(in.top_p, ref, B, "top_p", "in (0, 1] (1 = off)", f.top_p,
+                    [](FilterSpec& s, float v) { s.top_p = v; }, f, keep);
+  filter_arg<float>(in.min_p, ref, B, "min_p", "in [0, 1) (0 = off)", f.min_p,
+                    [](FilterSpec& s, float v) { s.min_p = v; }, f, keep);
   return f;
 }
 
@@ -160,7 +159,7 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
   }
   P.temperature = per_row_temperature(temperature, target_logits, B, L.keep_alive);
   P.rnd = randomness(seed, offset, target_logits, B, L.keep_alive);
-  P.filters = row_filters(filters.top_k, filters.top_p, filters.min_p, target_logits, B, L.keep_alive);
+  P.filters = row_filters(filters, target_logits, B, L.keep_alive);
   TORCH_CHECK_VALUE(!P.filters.any || V < kMaxFilterVocab, "top_k / top_p / min_p need V < 2^23, got V = ", V);
   if (num_drafts.has_value()) {
     const at::Tensor& n = *num_drafts;
@@ -204,7 +203,7 @@ SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperat
   P.V = V;
   P.temperature = per_row_temperature(temperature, logits, B, L.keep_alive);
   P.rnd = randomness(seed, offset, logits, B, L.keep_alive);
-  P.filters = row_filters(filters.top_k, filters.top_p, filters.min_p, logits, B, L.keep_alive);
+  P.filters = row_filters(filters, logits, B, L.keep_alive);
   TORCH_CHECK_VALUE(!P.filters.any || V < kMaxFilterVocab, "top_k / top_p / min_p need V < 2^23, got V = ", V);
   if (probs_out.has_value()) {
     const at::Tensor& o = *probs_out;
