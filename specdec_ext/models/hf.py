@@ -31,7 +31,6 @@ import torch
 from transformers.cache_utils import Cache
 
 from .._validate import check_int
-from ..cache import spec_attention_mask
 from ..errors import CacheFullError
 from .base import SpecModel
 from .llama_cache import ContiguousLlamaCache, LlamaCacheStep
@@ -150,13 +149,14 @@ class SpecDecCache(Cache):
         Raises :class:`~specdec_ext.errors.CacheFullError` (nothing changes) when a row
         would pass ``max_len``. The returned step holds ``positions`` Tensor [B, S] int64
         (``lengths[b] + arange(S)``, the ``position_ids``), ``kv_len`` (keys attention reads)
-        and ``mask`` Tensor [B, 1, S, kv_len] of ``dtype`` (additive, for ``attention_mask``).
+        and ``mask`` Tensor [B, 1, S, kv_len] of ``dtype`` (additive, for ``attention_mask``),
+        or None for one token of one row whose host length is exact: it sees every key, and
+        the causal mask transformers then builds from :meth:`get_mask_sizes` is the same
+        (sdpa skips it, and GQA runs without repeating keys).
         """
         if self._step is not None:
             raise RuntimeError("SpecDecCache.begin_step: the previous step was not ended (call end_step())")
         step = self._kv.begin(check_int("num_tokens", num_tokens, 1))
-        if step.mask is None:  # the wrapper's one-token B = 1 shortcut: keep a mask for HF all the same
-            step.mask = spec_attention_mask(self._kv.lengths, step.num_tokens, step.kv_len, self.dtype)
         self._step, self._implicit = step, False
         return step
 
