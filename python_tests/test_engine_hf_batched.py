@@ -18,7 +18,7 @@ from specdec_ext.models import adapt
 from stats_reference import ALPHA, chi_square_pvalue
 
 transformers = pytest.importorskip("transformers")
-from specdec_ext.models.hf import HFBatchedSpecModel, HFSpecModel, SpecDecCache  # noqa: E402
+from specdec_ext.models.hf import BATCHED_MODEL_TYPES, HFBatchedSpecModel, HFSpecModel, SpecDecCache  # noqa: E402
 
 FAMILIES = ("llama", "qwen2", "mistral")
 
@@ -179,10 +179,18 @@ def test_spec_dec_cache_as_a_plain_transformers_cache():
         cache.update(torch.zeros(2, 2, 1, 16), torch.zeros(2, 2, 1, 16), 0)
 
 
-def test_ragged_rows_in_one_forward_match_separate_rows():
-    """One batched forward over rows of different lengths equals each row run alone."""
-    model = _model("qwen2", seed=4)
-    spec = HFBatchedSpecModel(model)
+@pytest.mark.parametrize("model_type", sorted(BATCHED_MODEL_TYPES))
+def test_ragged_rows_in_one_forward_match_separate_rows(model_type):
+    """Every family adapt() sends to the batched path: one forward over rows of different
+    lengths (after a rollback) equals each row run alone."""
+    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=97, hidden_size=64, intermediate_size=128,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            head_dim=16, max_position_embeddings=256, pad_token_id=0,
+                                            bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(4)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).double().eval()
+    spec = adapt(model)
+    assert isinstance(spec, HFBatchedSpecModel)
     spec.reset(2, 32)
     a, b = torch.randint(1, 97, (1, 7)), torch.randint(1, 97, (1, 4))
     spec.forward(torch.cat([a, torch.cat([b, torch.zeros(1, 3, dtype=torch.int64)], 1)]))
