@@ -12,7 +12,7 @@ Same prompts, same max_new_tokens, one run, per device (CPU, and CUDA when prese
 * with ``--compile``: the n-gram engine on the reference model's torch.compile'd decode
   steps, next to the eager row
 * with ``--hf``: the engine on the same pair loaded through transformers (``HF-model``
-  rows: target-only, K = ``--hf-k``, adaptive, hybrid on the batched HF path, and K =
+  rows: target-only, K = ``--hf-k``, adaptive, hybrid (B = 1) on the batched HF path, and K =
   ``--hf-k`` on the per-row compatibility path), next to HF's own rows; their speedup and
   c are relative to the HF-model target-only row. ``--only-hf`` skips the reference-model
   engine rows (the reference target-only row stays: it is every other row's baseline)
