@@ -11,6 +11,11 @@ Same prompts, same max_new_tokens, one run, per device (CPU, and CUDA when prese
   prompt-lookup generation are batch 1 only)
 * with ``--compile``: the n-gram engine on the reference model's torch.compile'd decode
   steps, next to the eager row
+* with ``--hf``: the engine on the same pair loaded through transformers (``HF-model``
+  rows: target-only, K = ``--hf-k``, adaptive, hybrid (B = 1) on the batched HF path, and K =
+  ``--hf-k`` on the per-row compatibility path), next to HF's own rows; their speedup and
+  c are relative to the HF-model target-only row. ``--only-hf`` skips the reference-model
+  engine rows (the reference target-only row stays: it is every other row's baseline)
 * batch 1 and batch 8
 
 Columns: tokens/s; alpha (per-token acceptance, accepted / tested drafts); tokens per
@@ -105,6 +110,23 @@ def run_hf(hf_target, hf_draft, temperature, groups, max_new, assisted, prompt_l
                 draft_s_per_token=None, bookkeeping=None)
 
 
+def _hf_model_rows(add, hf_target, hf_draft, T, groups, args):
+    """The engine on the transformers-loaded pair (batched path; one per-row row)."""
+    from ..models.hf import HFSpecModel
+
+    k, n = args.hf_k, args.max_new_tokens
+    run_engine(hf_target, hf_draft, 2, False, 0.0, groups[:1], 8)  # warm up
+    base = run_engine(hf_target, hf_draft, 0, False, T, groups, n)
+    add("HF-model target-only", 0, base, base)
+    add("HF-model engine", k, run_engine(hf_target, hf_draft, k, False, T, groups, n), base)
+    add("HF-model adaptive", f"<={k}", run_engine(hf_target, hf_draft, k, "cost", T, groups, n), base)
+    if groups[0][0].shape[0] == 1:  # B > 1: the hybrid draft catch-up can outgrow the cache slack (engine bug)
+        add("HF-model hybrid", f"<={k}", run_engine(hf_target, hf_draft, k, "cost", T, groups, n,
+                                                    drafter="hybrid"), base)
+    add("HF-model per-row", k, run_engine(HFSpecModel(hf_target), HFSpecModel(hf_draft), k, False, T, groups, n),
+        base)
+
+
 def bench_device(device, args, rows, bar):
     target, draft = bundled.load_pair(device=device)
     tok = bundled.load_tokenizer()
@@ -117,10 +139,10 @@ def bench_device(device, args, rows, bar):
         groups = [_batch(tok, prompts[i:i + B], device) for i in range(0, len(prompts), B)]
         run_engine(target, draft, 2, False, 0.0, groups[:1], 8)  # warm up
         for T in args.temperature:
-            base = run_engine(target, draft, 0, False, T, groups, args.max_new_tokens)
-            t_plain = base["seconds"] / base["tokens"] * B  # seconds per target-only step (per row)
+            ref_base = run_engine(target, draft, 0, False, T, groups, args.max_new_tokens)
 
-            def add(method, k, r):
+            def add(method, k, r, base=ref_base):
+                t_plain = base["seconds"] / base["tokens"] * B  # seconds per target-only step (per row)
                 c = r["draft_s_per_token"] / t_plain if r["draft_s_per_token"] else None
                 pred = predicted_speedup(r["alpha"], k, c) if (r["alpha"] is not None and c is not None and
                                                                isinstance(k, int)) else None
@@ -129,20 +151,24 @@ def bench_device(device, args, rows, bar):
                 print_row(rows[-1])
                 bar.update(1)
 
-            add("target-only", 0, base)
-            for k in args.k:
+            add("target-only", 0, ref_base)
+            for k in ([] if args.only_hf else args.k):
                 add("engine", k, run_engine(target, draft, k, False, T, groups, args.max_new_tokens))
-            add("engine adaptive", f"<={max(args.k)}",
-                run_engine(target, draft, max(args.k), "cost", T, groups, args.max_new_tokens))
-            add("engine ngram", f"<={max(args.k)}",
-                run_engine(target, None, max(args.k), "cost", T, groups, args.max_new_tokens))
-            add("engine hybrid", f"<={max(args.k)}",
-                run_engine(target, draft, max(args.k), "cost", T, groups, args.max_new_tokens, drafter="hybrid"))
+            if not args.only_hf:
+                add("engine adaptive", f"<={max(args.k)}",
+                    run_engine(target, draft, max(args.k), "cost", T, groups, args.max_new_tokens))
+                add("engine ngram", f"<={max(args.k)}",
+                    run_engine(target, None, max(args.k), "cost", T, groups, args.max_new_tokens))
+                add("engine hybrid", f"<={max(args.k)}",
+                    run_engine(target, draft, max(args.k), "cost", T, groups, args.max_new_tokens,
+                               drafter="hybrid"))
             if args.compile:  # the same n-gram engine on the compiled reference model (eager above)
                 compiled = copy.deepcopy(target).compile_decode()
                 run_engine(compiled, None, 2, False, T, groups[:1], 8)  # compile outside the timing
                 add("engine ngram compiled", f"<={max(args.k)}",
                     run_engine(compiled, None, max(args.k), "cost", T, groups, args.max_new_tokens))
+            if hf_target is not None and args.hf:
+                _hf_model_rows(add, hf_target, hf_draft, T, groups, args)
             if hf_target is not None:
                 add("HF generate", "-", run_hf(hf_target, None, T, groups, args.max_new_tokens, False))
                 if B == 1:
@@ -152,11 +178,11 @@ def bench_device(device, args, rows, bar):
                 else:
                     rows.append(dict(device=device, batch=B, temperature=T, method="HF assisted", k="-",
                                      note="batch 1 only"))
-                    print(f"{device:4} {B:>2} {T:>3} {'HF assisted':16} (transformers supports batch 1 only)")
+                    print(f"{device:4} {B:>2} {T:>3} {'HF assisted':20} (transformers supports batch 1 only)")
                     bar.update(1)
 
 
-HEADER = (f"{'dev':4} {'B':>2} {'T':>3} {'method':16} {'K':>5} | {'tok/s':>8} {'alpha':>5} {'tok/step':>8} "
+HEADER = (f"{'dev':4} {'B':>2} {'T':>3} {'method':20} {'K':>5} | {'tok/s':>8} {'alpha':>5} {'tok/step':>8} "
           f"{'bk%':>5} | "
           f"{'speedup':>7} {'c':>5} {'predicted':>9}")
 
@@ -164,7 +190,7 @@ HEADER = (f"{'dev':4} {'B':>2} {'T':>3} {'method':16} {'K':>5} | {'tok/s':>8} {'
 def print_row(r):
     f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     bk = None if r.get("bookkeeping") is None else 100 * r["bookkeeping"]
-    print(f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']:16} {str(r['k']):>5} | "
+    print(f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']:20} {str(r['k']):>5} | "
           f"{r['tok_s']:>8.1f} {f(r['alpha'], '.2f'):>5} {f(r['tokens_per_step'], '.2f'):>8} {f(bk, '.1f'):>5} | "
           f"{r['speedup']:>6.2f}x {f(r['cost_ratio'], '.2f'):>5} {f(r['predicted'], '.2f'):>8}x", flush=True)
 
@@ -207,14 +233,20 @@ def main(argv):
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--compile", action="store_true",
                     help="add an 'engine ngram compiled' row: the n-gram engine on torch.compile'd decode steps")
+    ap.add_argument("--hf", action="store_true",
+                    help="add HF-model rows: the engine on the pair loaded through transformers (batched HF path)")
+    ap.add_argument("--hf-k", type=int, default=4, help="K of the fixed-K and per-row HF-model rows (default 4)")
+    ap.add_argument("--only-hf", action="store_true", help="with --hf: skip the reference-model engine rows")
     args = ap.parse_args(argv)
+    args.hf = args.hf or args.only_hf
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     if "cuda" in devices and not torch.cuda.is_available():
         print("cuda: no GPU: skipped", file=sys.stderr)
         devices.remove("cuda")
     try:
         from tqdm import tqdm
-        total = len(devices) * len(args.batch) * len(args.temperature) * (len(args.k) + 7)
+        per_config = 4 + (0 if args.only_hf else len(args.k) + 3) + (5 if args.hf else 0)
+        total = len(devices) * len(args.batch) * len(args.temperature) * per_config
         bar = tqdm(total=total, unit="run", file=sys.stderr, disable=args.no_progress, leave=False)
     except ImportError:
         bar = type("NoBar", (), {"update": lambda self, n: None, "close": lambda self: None})()

@@ -10,12 +10,16 @@ Wrappers shipped with the package (``adapt`` picks one for a raw model):
 
 - :class:`specdec_ext.models.llama.LlamaSpecModel`: the package's reference Llama decoder
   (contiguous or paged cache, built on ``kv_append_`` / ``spec_attention_mask`` / SDPA);
-- :class:`specdec_ext.models.hf.HFSpecModel`: any Hugging Face ``transformers`` causal LM,
-  with its own ``DynamicCache`` per row, rolled back with ``DynamicCache.crop``.
+- :class:`specdec_ext.models.hf.HFBatchedSpecModel`: a Hugging Face ``transformers`` causal
+  LM of a family whose attention takes a 4D mask (Llama, Mistral, Qwen2/3, Gemma/Gemma2,
+  Phi-3; eager or sdpa attention), one forward per step on a ``SpecDecCache``;
+- :class:`specdec_ext.models.hf.HFSpecModel`: any other Hugging Face causal LM, with its own
+  ``DynamicCache`` per row, rolled back with ``DynamicCache.crop`` (``adapt`` warns).
 """
 from __future__ import annotations
 
 import abc
+import warnings
 from typing import Optional, Sequence
 
 import torch
@@ -66,7 +70,9 @@ class SpecModel(abc.ABC):
 
 def adapt(model) -> SpecModel:
     """A SpecModel as is; a :class:`specdec_ext.models.llama.LlamaModel` wrapped by
-    ``LlamaSpecModel``; a Hugging Face ``PreTrainedModel`` wrapped by ``HFSpecModel``."""
+    ``LlamaSpecModel``; a Hugging Face ``PreTrainedModel`` wrapped by ``HFBatchedSpecModel``
+    when :func:`specdec_ext.models.hf.batched_support` accepts it, else by ``HFSpecModel``
+    with a one-line ``UserWarning`` saying why."""
     if isinstance(model, SpecModel):
         return model
     from .llama import LlamaModel, LlamaSpecModel
@@ -74,8 +80,13 @@ def adapt(model) -> SpecModel:
     if isinstance(model, LlamaModel):
         return LlamaSpecModel(model)
     if hasattr(model, "config") and hasattr(model, "generate"):
-        from .hf import HFSpecModel
+        from .hf import HFBatchedSpecModel, HFSpecModel, batched_support
 
+        reason = batched_support(model)
+        if reason is None:
+            return HFBatchedSpecModel(model)
+        warnings.warn(f"{type(model).__name__}: per-row HF path (one forward per row per step): {reason}",
+                      stacklevel=3)
         return HFSpecModel(model)
     raise TypeError(f"target/draft must be a SpecModel, a specdec_ext LlamaModel or a transformers "
                     f"PreTrainedModel, got {type(model).__name__}")

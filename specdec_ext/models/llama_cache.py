@@ -106,6 +106,11 @@ class ContiguousLlamaCache:
         """Tensor [B] int64 on the CPU (may wait for a pending device rollback)."""
         return self.kv.host_lengths()
 
+    def layer_view(self, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Views (keys, values) [B, Hkv, max_len, D] of the model dtype of one layer (each
+        row valid up to its length)."""
+        return self._read[check_int("layer", layer, 0, len(self._read) - 1)]
+
     def reset(self) -> None:
         """Empty every row (stale keys stay, finite, until overwritten)."""
         self.kv.reset()

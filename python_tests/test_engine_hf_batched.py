@@ -1,0 +1,243 @@
+"""The batched Hugging Face path (SpecDecCache + HFBatchedSpecModel): adapt() picks it (and
+warns when it falls back), greedy output equals generate() token for token for tiny
+Llama / Qwen2 / Mistral models in float64 (ragged batch of 3; K in {1, 4} and adaptive),
+the caches equal a fresh HF prefill of the emitted text, the first two tokens at T = 1
+follow the target's law (chi-square), the cache itself behaves as a transformers Cache,
+and (GPU only) an engine step does not sync with the host."""
+import copy
+import inspect
+import warnings
+
+import pytest
+import torch
+
+from helpers import ragged_prompts
+from specdec_ext import SpeculativeEngine
+from specdec_ext.errors import CacheFullError
+from specdec_ext.models import adapt
+from stats_reference import ALPHA, chi_square_pvalue
+
+transformers = pytest.importorskip("transformers")
+from specdec_ext.models.hf import BATCHED_MODEL_TYPES, HFBatchedSpecModel, HFSpecModel, SpecDecCache  # noqa: E402
+
+FAMILIES = ("llama", "qwen2", "mistral")
+
+
+def _config(family, vocab=97, hidden=64, layers=2, **extra):
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **extra)
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+           "mistral": transformers.MistralConfig}[family]
+    return cls(**common)
+
+
+def _model(family, seed, dtype=torch.float64, **kw):
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(_config(family, **kw)).to(dtype).eval()
+
+
+def _close_draft(target, noise=1e-3):
+    draft = copy.deepcopy(target)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn_like(p) * noise)
+    return draft
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def pair(request):
+    target = _model(request.param, seed=1)
+    return target, _close_draft(target)
+
+
+def _fresh_prefill(model, seq):
+    """Per layer (keys, values) [1, H, len(seq), D] of a fresh DynamicCache prefill."""
+    fresh = transformers.DynamicCache()
+    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    with torch.no_grad():
+        model(torch.tensor([seq]), use_cache=True, **{kw: fresh})
+    if hasattr(fresh, "layers"):
+        return [(layer.keys, layer.values) for layer in fresh.layers]
+    return list(zip(fresh.key_cache, fresh.value_cache))
+
+
+# ---------------------------------------------------------------- which path
+@pytest.mark.parametrize("family", FAMILIES)
+def test_adapt_picks_the_batched_path(family):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spec = adapt(_model(family, seed=0, dtype=torch.float32))
+    assert isinstance(spec, HFBatchedSpecModel)
+
+
+def test_unsupported_model_falls_back_with_a_warning():
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=97, n_embd=32, n_layer=1, n_head=2,
+                                                                n_positions=64)).eval()
+    with pytest.warns(UserWarning, match="per-row HF path.*model_type 'gpt2'"):
+        spec = adapt(gpt2)
+    assert isinstance(spec, HFSpecModel)
+    with pytest.raises(ValueError, match="gpt2"):
+        HFBatchedSpecModel(gpt2)
+
+
+def test_engine_uses_the_batched_path(pair):
+    target, draft = pair
+    eng = SpeculativeEngine(target, draft, k=2, adaptive_k=False)
+    assert isinstance(eng.target, HFBatchedSpecModel) and isinstance(eng.draft, HFBatchedSpecModel)
+
+
+# ---------------------------------------------------------------- exactness
+@pytest.mark.parametrize("k,adaptive", [(1, False), (4, False), (4, "cost")])
+def test_greedy_equals_hf_generate(pair, k, adaptive):
+    target, draft = pair
+    ids, mask = ragged_prompts()
+    ref = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    out = SpeculativeEngine(target, draft, k=k, adaptive_k=adaptive).generate(ids, 16, attention_mask=mask)
+    assert torch.equal(out.sequences, ref)
+    if k == 4 and not adaptive:
+        assert sum(s.accepted for s in out.stats) > 0.3 * sum(s.drafted for s in out.stats)
+
+
+def test_per_row_path_is_still_exact(pair):
+    """The compatibility path, chosen explicitly, gives the same greedy output."""
+    target, draft = pair
+    ids, mask = ragged_prompts()
+    ref = target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    out = SpeculativeEngine(HFSpecModel(target), HFSpecModel(draft), k=3, adaptive_k=False).generate(
+        ids, 12, attention_mask=mask)
+    assert torch.equal(out.sequences, ref)
+
+
+def test_caches_equal_a_fresh_prefill(pair):
+    target, draft = pair
+    ids, mask = ragged_prompts()
+    eng = SpeculativeEngine(target, draft, k=4, adaptive_k=False)
+    out = eng.generate(ids, 13, temperature=1.0, seed=7, attention_mask=mask)
+    for b in range(3):
+        seq = ids[b][mask[b].bool()].tolist() + out.generated[b]
+        for model, wrapper, exact in ((target, eng.target, True), (draft, eng.draft, False)):
+            cached = wrapper.cache_tensors(b)  # the row's valid prefix
+            n = cached[0][0].shape[-2]
+            # the target holds everything but the last emitted token; the draft 1 or 2 fewer
+            assert len(seq) - n in ((1,) if exact else (1, 2))
+            for (k1, v1), (k2, v2) in zip(cached, _fresh_prefill(model, seq[:n])):
+                torch.testing.assert_close(k1, k2, rtol=1e-9, atol=1e-10)
+                torch.testing.assert_close(v1, v2, rtol=1e-9, atol=1e-10)
+
+
+def test_first_two_tokens_follow_the_target_law():
+    """20k rows of one prompt through the batched HF path at T = 1: the joint law of the
+    first two tokens equals the target's, computed from the HF model (chi-square at ALPHA)."""
+    V, N, prompt = 6, 20_000, [3, 1, 4]
+
+    def peaked(seed):
+        m = _model("llama", seed, vocab=V, hidden=16, layers=1)
+        with torch.no_grad():
+            m.lm_head.weight.mul_(40.0)  # distributions far from uniform
+        return m
+
+    target, draft = peaked(1), peaked(2)
+    ids = torch.tensor([prompt] * N)
+    eng = SpeculativeEngine(target, draft, k=3, adaptive_k=False)
+    assert isinstance(eng.target, HFBatchedSpecModel)
+    out = eng.generate(ids, 2, temperature=1.0, seed=11)
+    gen = torch.tensor(out.generated)
+    assert gen.shape == (N, 2)
+    counts = torch.bincount(gen[:, 0] * V + gen[:, 1], minlength=V * V).numpy()
+    with torch.no_grad():
+        p1 = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double(), -1)          # [V]
+        seconds = torch.tensor([prompt + [x] for x in range(V)])
+        p2 = torch.softmax(target(seconds).logits[:, -1].double(), -1)                          # [V, V]
+    expected = (p1[:, None] * p2).ravel().numpy()
+    assert chi_square_pvalue(counts, expected) > ALPHA
+    acc = sum(s.accepted for s in out.stats) / max(1, sum(s.drafted for s in out.stats))
+    assert 0.0 < acc < 1.0  # both acceptance and rejection happened
+
+
+# ---------------------------------------------------------------- the cache itself
+def test_spec_dec_cache_as_a_plain_transformers_cache():
+    """Implicit steps (plain model(..., cache=)) give the logits of one full forward; a
+    rollback is O(1) on the device lengths (the buffers are never reallocated)."""
+    model = _model("llama", seed=3)
+    ids = torch.randint(1, 97, (2, 9), generator=torch.Generator().manual_seed(0))
+    cache = SpecDecCache.for_model(model, batch_size=2, max_len=16)
+    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    with torch.no_grad():
+        parts = [model(ids[:, :6], **{kw: cache}).logits, model(ids[:, 6:], **{kw: cache}).logits]
+        whole = model(ids).logits
+    torch.testing.assert_close(torch.cat(parts, 1), whole, rtol=1e-9, atol=1e-10)
+    assert cache.lengths.tolist() == [9, 9] and cache.get_seq_length() == 9
+    assert cache.get_mask_sizes(2, 0) == (11, 0)
+    keys_before = cache.layer_tensors(0)[0].data_ptr()
+    cache.rollback(3, torch.tensor([1, 3]))
+    assert cache.lengths.tolist() == [7, 9]
+    assert cache.layer_tensors(0)[0].data_ptr() == keys_before
+    with pytest.raises(NotImplementedError, match="rollback"):
+        cache.crop(-1)
+    with pytest.raises(TypeError, match="key_states"):
+        cache.update(torch.zeros(2, 2, 1, 16), torch.zeros(2, 2, 1, 16), 0)
+
+
+@pytest.mark.parametrize("model_type", sorted(BATCHED_MODEL_TYPES))
+def test_ragged_rows_in_one_forward_match_separate_rows(model_type):
+    """Every family adapt() sends to the batched path: one forward over rows of different
+    lengths (after a rollback) equals each row run alone."""
+    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=97, hidden_size=64, intermediate_size=128,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            head_dim=16, max_position_embeddings=256, pad_token_id=0,
+                                            bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(4)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).double().eval()
+    spec = adapt(model)
+    assert isinstance(spec, HFBatchedSpecModel)
+    spec.reset(2, 32)
+    a, b = torch.randint(1, 97, (1, 7)), torch.randint(1, 97, (1, 4))
+    spec.forward(torch.cat([a, torch.cat([b, torch.zeros(1, 3, dtype=torch.int64)], 1)]))
+    spec.rollback(7, torch.tensor([7, 4]))
+    nxt = torch.randint(1, 97, (2, 3))
+    got = spec.forward(nxt)
+    with torch.no_grad():
+        for row, prefix in enumerate((a, b)):
+            ref = model(torch.cat([prefix, nxt[row:row + 1]], 1)).logits[0, -3:]
+            torch.testing.assert_close(got[row], ref, rtol=1e-9, atol=1e-10)
+
+
+def test_sliding_window_caps_the_request():
+    """A Mistral whose window is shorter than a request: a clear CacheFullError, not wrong text."""
+    target = _model("mistral", seed=5, sliding_window=16)
+    spec = adapt(target)
+    assert isinstance(spec, HFBatchedSpecModel) and spec.max_positions == 16
+    with pytest.raises(CacheFullError, match="sliding window"):
+        spec.reset(1, 32)
+    ids = torch.randint(1, 97, (1, 5), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(CacheFullError, match="capacity of 16"):
+        SpeculativeEngine(target, _close_draft(target), k=2, adaptive_k=False).generate(ids, 20)
+    ref = target.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)  # fits the window
+    out = SpeculativeEngine(target, _close_draft(target), k=2, adaptive_k=False).generate(ids, 8)
+    assert torch.equal(out.sequences, ref)
+
+
+# ---------------------------------------------------------------- GPU
+@pytest.mark.cuda
+def test_hf_batched_engine_step_has_no_hidden_sync_cuda():
+    """sdpa and eager: every phase of a step runs under set_sync_debug_mode('error') (the
+    engine's debug_sync) apart from the step's one device->host copy."""
+    for impl in ("sdpa", "eager"):
+        torch.manual_seed(0)
+        cfg = _config("llama", vocab=512)
+        cfg._attn_implementation = impl
+        target = transformers.AutoModelForCausalLM.from_config(cfg).float().eval().cuda()
+        eng = SpeculativeEngine(target, _close_draft(target, 1e-2), k=4, adaptive_k=False)
+        assert isinstance(eng.target, HFBatchedSpecModel)
+        ids = torch.randint(0, 512, (4, 9), generator=torch.Generator().manual_seed(1))
+        eng.generate(ids, 4, temperature=1.0, seed=1)  # warm up
+        out = eng.generate(ids, 24, temperature=1.0, seed=2, debug_sync=True)
+        assert all(len(g) == 24 for g in out.generated)
+        eng.target.cache.check()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:  # the cache's own rollback with device num_kept: no sync
+            eng.target.rollback(2, torch.tensor([1, 2, 0, 1], device="cuda"))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
