@@ -480,12 +480,32 @@ def filter_value_ok(name: str, x) -> bool:
 # "Focus" examples (a third of verify / sample): clean metadata, usable temperatures (greedy
 # included), logits without NaN / +inf, filters on with in-range values, so that most rows
 # reach the output checks (in the chaotic ones most calls or rows are refused / invalid).
-FOCUS_TEMPERATURES = st.sampled_from([1.0, 0.5, 2.0, 0.0, 0.7, 1e-5, 1e5, 1e-38, 3e38])
+# Hypothesis' generator favours the first / smallest choices (V = 1, the first list entry), so
+# the focus values are spread by taking a drawn 16-bit integer modulo the number of choices.
+def spread_from(choices):
+    return st.integers(0, 2**16).map(lambda r: choices[r % len(choices)])
+
+
+def spread_float(lo: float, hi: float):
+    return st.integers(0, 2**16).map(lambda r: lo + (hi - lo) * ((r * 40503) % 65537) / 65537)
+
+
+FOCUS_TEMPERATURES = spread_from([1.0, 0.7, 2.0, 0.5, 0.0, 1.0, 1e-5, 1e5, 1e-38, 3e38, 1.5])
 FOCUS_REGIMES = ("peaky", "randn", "const", "mostly_neg_inf", "big", "tiny")
+FOCUS_VOCAB = spread_from([2, 3, 5, 8, 13, 16, 40, 64, 300])
 
 
 def focus_draw(draw, alias: bool) -> bool:
     return not alias and draw(st.integers(0, 2)) == 1
+
+
+def focus_filter_value(name: str, V: int):
+    """In-range values, spread: top_k over [0, V], top_p / min_p uniform or an extreme."""
+    if name == "top_k":
+        return st.integers(0, 2**16).map(lambda r: r % (V + 1))
+    if name == "top_p":
+        return st.one_of(spread_float(1e-3, 1.0), spread_from([0.9, 1e-30, 0.999999, 1.0, 1e-45, 0.5]))
+    return st.one_of(spread_float(0.0, 0.6), spread_from([0.1, 0.999999, 1e-30, 0.0, 0.5]))
 
 
 @st.composite
@@ -511,17 +531,20 @@ def filter_arg(draw, name: str, B: int, V: int, via: str, c: "Chaos", focus: boo
     vals = FILTER_VALUES[name]
     if kind == "none":
         return None
+    if focus:
+        one = focus_filter_value(name, V)
     if kind == "py":
-        r = draw(st.integers(0, 9))
-        if r == 9 and not focus:
+        if focus:
+            return draw(one)
+        if draw(st.integers(0, 9)) == 9:
             return draw(st.sampled_from(vals["py_extra"] + [FILTER_OFF[name]]))
-        return draw(filter_value(name, V, bad_ok=not focus))
+        return draw(filter_value(name, V, bad_ok=True))
     if kind == "bad_py":
         return draw(st.sampled_from(vals["py_bad_type"]))
     shape = () if kind == "scalar" else c.shape([B])
     n = math.prod(shape)
-    xs = draw(st.lists(filter_value(name, V, bad_ok=not focus and draw(st.integers(0, 1)) == 1), min_size=n,
-                       max_size=n))
+    one = one if focus else filter_value(name, V, bad_ok=draw(st.integers(0, 1)) == 1)
+    xs = draw(st.lists(one, min_size=n, max_size=n))
     if name == "top_k":
         values = torch.tensor(xs, dtype=torch.int64)
         dtype = c.idtype() if c.clean else draw(st.integers(0, 9).flatmap(lambda r: st.sampled_from(
@@ -715,7 +738,7 @@ def verify_cases(draw, alias: bool = False):
     focus = focus_draw(draw, alias)
     B = draw(rarely_zero(4, p=1000 if focus else 10))
     K1 = draw(rarely_zero(4, p=1000 if focus else 10))
-    V = draw(vocab_size())
+    V = draw(FOCUS_VOCAB if focus else vocab_size())
     K = max(K1 - 1, 0)
     c = Chaos(draw, alias or focus)
     meta = c.meta
@@ -930,7 +953,7 @@ def sample_cases(draw, alias: bool = False):
     via = draw(st.sampled_from(["raw", "wrapper"]))
     focus = focus_draw(draw, alias)
     B = draw(rarely_zero(4, p=1000 if focus else 10))
-    V = draw(vocab_size())
+    V = draw(FOCUS_VOCAB if focus else vocab_size())
     c = Chaos(draw, alias or focus)
     meta = c.meta
 
