@@ -1597,7 +1597,16 @@ def _pinned_sample():
             make_sample_case("wrapper", dict(logits=f([[3e38, 0.0]]), temperature=0.5, seed=1, offset=0,
                                              probs_out=None)),
             make_sample_case("wrapper", dict(logits=f([[1.0, 2.0]]), temperature="0.5", seed=1, offset=0,
-                                             probs_out=None))]
+                                             probs_out=None)),
+            # top_k = 2**63 (an int >= 0 no int64 holds): the wrapper raised "ValueError: Overflow
+            # when unpacking long long", naming no argument
+            make_sample_case("wrapper", dict(logits=torch.zeros(1, 4), temperature=1.0, seed=0, offset=0,
+                                             probs_out=None, top_k=2**63, top_p=None, min_p=None)),
+            # filters need V < 2^23 (a row's fixed-point mass must fit in 63 bits); any filter
+            # tensor counts, even one holding the off value (16 MB of float16 logits)
+            make_sample_case("raw", dict(logits=torch.zeros(1, MAX_FILTER_VOCAB, dtype=torch.float16),
+                                         temperature=torch.tensor(1.0), seed=torch.tensor(0), offset=torch.tensor(0),
+                                         probs_out=None, top_k=torch.tensor(0), top_p=None, min_p=None))]
 
 
 def _pinned_verify():
@@ -1607,7 +1616,11 @@ def _pinned_verify():
                                              offset=0)),
             make_verify_case("wrapper", dict(target_logits=torch.zeros(1, 2, 4), draft_token_ids=f([[1]]),
                                              draft_probs=None, temperature=1.0,
-                                             seed=f([1], device="meta"), offset=0))]
+                                             seed=f([1], device="meta"), offset=0)),
+            make_verify_case("wrapper", dict(target_logits=torch.zeros(1, 1, 4), draft_token_ids=torch.zeros(
+                                             1, 0, dtype=torch.int64), draft_probs=None, temperature=1.0, seed=0,
+                                             offset=0, top_k=2**63, top_p=None, min_p=None, num_drafts=None,
+                                             mode="exact"))]
 
 
 def _pinned_rollback():
