@@ -7,12 +7,17 @@ offsets, dtypes, meta tensors, extreme values, aliasing between pairs of argumen
   and NOTHING was written (every argument's whole storage is bit-identical to before);
 * or it returns and the result satisfies the documented contract, checked against a
   plain-torch reference (KV ops: bit-exact, including every byte outside the written
-  region; sampling ops: ranges, -1 padding, validity rules, greedy rows exactly).
+  region; sampling ops: ranges, -1 padding, validity rules, greedy rows exactly; with
+  top_k / top_p / min_p: every emitted or accepted token and every probs_out entry > 0 inside
+  the filtered set, computed in float64 (stats_reference.filtered_softmax64) with the slack
+  of the kernels' float32 cutoff; num_drafts: positions after num_drafts[b] never read nor
+  emitted; coupled verify: each row equals sample(..., offset + i) position by position).
 
 Which calls must be refused, may be refused, or must succeed (see ``Verdict``):
 
 * refused: malformed metadata (shape, dtype, device mix incl. meta with CPU, stride rules;
-  for an all-meta call, which only runs the fake kernel: dtypes and devices),
+  for a call on meta data, which only runs the fake kernel: dtypes and devices),
+  a filter / num_drafts value out of range (Python value, or a CPU tensor's value),
   a Python value of the wrong type for the wrapper (``"0.5"``, ``2.7`` for an int, bools),
   a value the CPU kernels document as an error (overflowing append, bad slot, ...), a written
   argument whose elements overlap each other, two written arguments that overlap;
@@ -400,6 +405,9 @@ def classify_py_temperature(v: Verdict, t, B) -> Optional[float]:
         return 1.0
     if not valid_temperature(f32(t)):  # finite in float64, unusable in float32 (1e39, 1e-40)
         v.may("temperature unusable once float32")
+    # A positive T that float32 rounds to 0 (1e-300) would silently turn greedy: the wrapper
+    # refuses it (specdec_ext/_validate.py valid_temperature)
+    v.must("temperature > 0 rounds to 0 in float32", t > 0 and f32(t) == 0)
     return f32(t)
 
 
