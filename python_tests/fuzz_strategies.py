@@ -64,9 +64,10 @@ def size(max_value: int, *, zero: bool = True):
 # Values
 # ---------------------------------------------------------------------------------------------
 @st.composite
-def float_values(draw, shape: Sequence[int], *, regimes=("randn", "big", "huge", "const", "mostly_neg_inf", "tiny")):
+def float_values(draw, shape: Sequence[int], *, regimes=("randn", "big", "huge", "const", "mostly_neg_inf", "tiny"),
+                 specials: bool = True):
     """float64 values of the given shape: a random regime (from a drawn seed) plus a few
-    extreme entries placed by hypothesis (so they shrink away)."""
+    extreme entries placed by hypothesis (so they shrink away; none when not `specials`)."""
     shape = tuple(shape)
     n = math.prod(shape)
     regime = draw(st.sampled_from(regimes))
@@ -83,7 +84,9 @@ def float_values(draw, shape: Sequence[int], *, regimes=("randn", "big", "huge",
         x = torch.where(torch.rand(n, generator=g) < 0.8, float("-inf"), x)
     elif regime == "tiny":
         x = x * 1e-40
-    if n:
+    elif regime == "peaky":  # a few tokens hold most of the mass: top-p / min-p cut deep
+        x = x * 4
+    if n and specials:
         for i, v in draw(st.lists(st.tuples(st.integers(0, n - 1), st.sampled_from(FLOAT_SPECIALS)), max_size=3)):
             x[i] = v
     return x.reshape(shape)

@@ -7,12 +7,17 @@ offsets, dtypes, meta tensors, extreme values, aliasing between pairs of argumen
   and NOTHING was written (every argument's whole storage is bit-identical to before);
 * or it returns and the result satisfies the documented contract, checked against a
   plain-torch reference (KV ops: bit-exact, including every byte outside the written
-  region; sampling ops: ranges, -1 padding, validity rules, greedy rows exactly).
+  region; sampling ops: ranges, -1 padding, validity rules, greedy rows exactly; with
+  top_k / top_p / min_p: every emitted or accepted token and every probs_out entry > 0 inside
+  the filtered set, computed in float64 (stats_reference.filtered_softmax64) with the slack
+  of the kernels' float32 cutoff; num_drafts: positions after num_drafts[b] never read nor
+  emitted; coupled verify: each row equals sample(..., offset + i) position by position).
 
 Which calls must be refused, may be refused, or must succeed (see ``Verdict``):
 
 * refused: malformed metadata (shape, dtype, device mix incl. meta with CPU, stride rules;
-  for an all-meta call, which only runs the fake kernel: dtypes and devices),
+  for a call on meta data, which only runs the fake kernel: dtypes and devices),
+  a filter / num_drafts value out of range (Python value, or a CPU tensor's value),
   a Python value of the wrong type for the wrapper (``"0.5"``, ``2.7`` for an int, bools),
   a value the CPU kernels document as an error (overflowing append, bad slot, ...), a written
   argument whose elements overlap each other, two written arguments that overlap;
@@ -67,8 +72,9 @@ settings.register_profile("long", max_examples=5000, **_COMMON)
 settings.load_profile(PROFILE)
 
 ARG_NAMES = {
-    "verify": ["target_logits", "draft_token_ids", "draft_probs", "temperature", "seed", "offset"],
-    "sample": ["logits", "temperature", "seed", "offset", "probs_out"],
+    "verify": ["target_logits", "draft_token_ids", "draft_probs", "temperature", "seed", "offset", "top_k", "top_p",
+               "min_p", "num_drafts", "mode", "coupled"],
+    "sample": ["logits", "temperature", "seed", "offset", "probs_out", "top_k", "top_p", "min_p"],
     "kv_append_": ["key_cache", "value_cache", "new_k", "new_v", "lengths", "overflow"],
     "kv_rollback_": ["lengths", "num_appended", "num_kept", "invalid"],
     "paged_kv_append_": ["key_cache", "value_cache", "new_k", "new_v", "slot_mapping", "invalid"],
@@ -156,9 +162,12 @@ def run_case(case: Case) -> None:
     pre = {k: v.clone() for k, v in tensors_in.items() if v.device.type == "cpu"}
     snap = Snapshot(tensors_in)
     prefix = "meta: " if any(is_meta(t) for t in tensors_in.values()) else ""
-    if tensors_in and all(is_meta(t) for t in tensors_in.values()):
-        # An all-meta call runs only the fake kernel, which checks devices, dtypes and ranks
-        # (specdec_ext/ops/_fake_checks.py); sizes and values are the real kernels' job.
+    first = next((t for t in case.args.values() if isinstance(t, torch.Tensor)), None)
+    if is_meta(first):
+        # A call on meta data runs only the fake kernel (the other tensors are meta too, or CPU
+        # host values of the sampling ops, or refused by the device check), which checks devices,
+        # dtypes and ranks (specdec_ext/ops/_fake_checks.py); sizes and values are the real
+        # kernels' job.
         v = case.verdict
         keep = [r for r in v.refuse if r.endswith(" dtype") or "device" in r]
         v.either += [r for r in v.refuse if r not in keep]
@@ -331,22 +340,35 @@ def alias_some_pair(draw, args: Dict[str, Any], names: List[str], unit_last=(), 
     return args, f"{b} aliases {a} ({where})"
 
 
+def rarely_zero(max_value: int, p: int = 10):
+    """A size in [1, max_value], 0 one time in p (size() / st.one_of gave 0 in well over half of
+    the ci examples of verify: K+1 == 0 is refused, so few calls got to the output checks)."""
+    return st.integers(0, p - 1).flatmap(lambda r: st.just(0) if r == p - 1 else st.integers(1, max_value))
+
+
+def vocab_size():
+    """V: small mostly (ties, boundaries), 300 (several race tiles), 0 (refused) now and then."""
+    return st.integers(0, 9).flatmap(lambda r: st.sampled_from([300, 0]) if r == 9 else st.integers(1, 40))
+
+
 def temperature_draw():
     return st.sampled_from(TEMPERATURES)
 
 
 @st.composite
-def py_or_tensor_temperature(draw, B, via, c):
-    """Raw op: a float tensor [] or [B]; wrapper: also a Python number, a bool or a str."""
+def py_or_tensor_temperature(draw, B, via, c, values=None):
+    """Raw op: a float tensor [] or [B]; wrapper: also a Python number, a bool or a str.
+    `values`: the temperatures drawn (default: TEMPERATURES, many of them unusable)."""
+    values = values if values is not None else temperature_draw()
     kinds = ["py", "scalar", "row"] + (["bad_py"] if not c.clean else [])
     kind = draw(st.sampled_from(kinds if via == "wrapper" else ["scalar", "row"]))
     if kind == "py":
-        return draw(st.one_of(temperature_draw(), st.sampled_from([0, 1, 2])))
+        return draw(st.one_of(values, st.sampled_from([0, 1, 2])))
     if kind == "bad_py":
         return draw(st.sampled_from(["0.5", True, False, None, [1.0], complex(1, 0)]))
     shape = () if kind == "scalar" else c.shape([B])
     n = math.prod(shape)
-    vals = torch.tensor(draw(st.lists(temperature_draw(), min_size=n, max_size=n)), dtype=torch.float64)
+    vals = torch.tensor(draw(st.lists(values, min_size=n, max_size=n)), dtype=torch.float64)
     dtype = torch.float32 if c.clean else draw(st.integers(0, 9).flatmap(lambda r: st.sampled_from(
         [torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.bool]) if r == 9 else st.just(torch.float32)))
     return draw(tensors(vals.reshape(shape), dtype, meta=c.meta()))
@@ -383,6 +405,9 @@ def classify_py_temperature(v: Verdict, t, B) -> Optional[float]:
         return 1.0
     if not valid_temperature(f32(t)):  # finite in float64, unusable in float32 (1e39, 1e-40)
         v.may("temperature unusable once float32")
+    # A positive T that float32 rounds to 0 (1e-300) would silently turn greedy: the wrapper
+    # refuses it (specdec_ext/_validate.py valid_temperature)
+    v.must("temperature > 0 rounds to 0 in float32", t > 0 and f32(t) == 0)
     return f32(t)
 
 
@@ -410,10 +435,8 @@ def classify_tensor_temperature(v: Verdict, t, B, device) -> Optional[torch.Tens
     if t.dim() != 0 and tuple(t.shape) != (B,):
         v.must("temperature shape")
         return None
-    if t.dim() == 1 and t.device.type != device:
-        v.must("temperature [B] on another device")
-    if t.dim() == 0 and t.device.type not in ("cpu", device):
-        v.must("temperature on another device (meta mixed with cpu)")
+    # a meta temperature with CPU data is refused; a CPU one with meta data is a host value
+    v.must("temperature device (meta with cpu data)", t.device.type == "meta" and device == "cpu")
     if is_meta(t):
         return None
     return t.to(torch.float32).expand(B).clone() if t.dim() == 0 else t.to(torch.float32)
@@ -424,7 +447,294 @@ def classify_tensor_int(v: Verdict, x, name: str, B: int, device: str):
         return
     v.must(f"{name} dtype", x.dtype not in (torch.int64, torch.int32))
     v.must(f"{name} shape", x.dim() != 0 and tuple(x.shape) != (B,))
-    v.must(f"{name} on meta with {device} data", x.device.type != device and "meta" in (x.device.type, device))
+    # a meta value with CPU data is refused; a CPU one with meta data is a host value (allowed,
+    # csrc/args/common.h host_scalar_allowed)
+    v.must(f"{name} device (meta with {device} data)", x.device.type == "meta" and device == "cpu")
+
+
+# =============================================================================================
+# Filters (top_k / top_p / min_p), num_drafts and mode: draws and rules
+# =============================================================================================
+NAN, INF = float("nan"), float("inf")
+# Values drawn for each filter, ordinary first. "bad" ones are out of range once the kernels
+# read them (top_p / min_p as float32: 1e-46 rounds to 0, 1 - 1e-12 to 1); whether a value is
+# refused is decided from the value the call actually carries (classify_filters), so a list
+# entry in the wrong bin would only skew the mix, not the verdict.
+FILTER_VALUES = {
+    "top_k": dict(good=[1, 2, 3, 2**31 - 1, 2**40, INT64_MAX], bad=[-1, -2, INT64_MIN],
+                  py_bad_type=[2.0, 2.5, True, "3", [1]], py_extra=[2**63, 2**64 - 1]),  # extra: outside int64
+    "top_p": dict(good=[0.9, 0.5, 1.0, 0.1, 1e-30, 1e-45, 0.999999, 1 - 2**-24, 1 + 1e-12, 0.3],
+                  bad=[0.0, -0.0, -0.5, 1.5, 1.0000001, NAN, INF, -INF, 1e-46],
+                  py_bad_type=["0.5", True, [0.5], complex(0.5, 0)], py_extra=[1, 0]),  # ints are numbers too
+    "min_p": dict(good=[0.1, 0.0, 0.5, 0.05, 0.999999, 1e-30, 1e-45, 1e-46, -0.0, 1 - 2**-24],
+                  bad=[1.0, -0.1, 1.5, NAN, INF, 1 - 1e-12, -1e-30],
+                  py_bad_type=["0.1", False, [0.1], complex(0.1, 0)], py_extra=[0, 1]),
+}
+FILTER_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
+FILTER_NAMES = ("top_k", "top_p", "min_p")
+MAX_FILTER_VOCAB = 2**23  # csrc/core/filter_math.h kMaxFilterVocab
+
+
+def filter_value_ok(name: str, x) -> bool:
+    """The kernels' rule (valid_filter in csrc/core/filter_math.h) on the value they read:
+    top_k as int64, top_p / min_p as float32."""
+    if name == "top_k":
+        return x >= 0
+    if name == "top_p":
+        return 0.0 < x <= 1.0
+    return 0.0 <= x < 1.0
+
+
+# "Focus" examples (a third of verify / sample): clean metadata, usable temperatures (greedy
+# included), logits without NaN / +inf, filters on with in-range values, so that most rows
+# reach the output checks (in the chaotic ones most calls or rows are refused / invalid).
+# Hypothesis' generator favours the first / smallest choices (V = 1, the first list entry), so
+# the focus values are spread by taking a drawn 16-bit integer modulo the number of choices.
+def spread_from(choices):
+    return st.integers(0, 2**16).map(lambda r: choices[r % len(choices)])
+
+
+def spread_float(lo: float, hi: float):
+    return st.integers(0, 2**16).map(lambda r: lo + (hi - lo) * ((r * 40503) % 65537) / 65537)
+
+
+FOCUS_TEMPERATURES = spread_from([1.0, 0.7, 2.0, 0.5, 0.0, 1.0, 1e-5, 1e5, 1e-38, 3e38, 1.5])
+FOCUS_REGIMES = ("peaky", "randn", "const", "mostly_neg_inf", "big", "tiny")
+FOCUS_VOCAB = spread_from([2, 3, 5, 8, 13, 16, 40, 64, 300])
+
+
+def focus_draw(draw, alias: bool) -> bool:
+    return not alias and draw(st.integers(0, 2)) == 1
+
+
+def focus_filter_value(name: str, V: int):
+    """In-range values, spread: top_k over [0, V], top_p / min_p uniform or an extreme."""
+    if name == "top_k":
+        return st.integers(0, 2**16).map(lambda r: r % (V + 1))
+    if name == "top_p":
+        return st.one_of(spread_float(1e-3, 1.0), spread_from([0.9, 1e-30, 0.999999, 1.0, 1e-45, 0.5]))
+    return st.one_of(spread_float(0.0, 0.6), spread_from([0.1, 0.999999, 1e-30, 0.0, 0.5]))
+
+
+@st.composite
+def filter_value(draw, name: str, V: int, bad_ok: bool):
+    vals = FILTER_VALUES[name]
+    if bad_ok and draw(st.integers(0, 7)) == 7:  # 1 in 8 out of range, so most calls still run
+        return draw(st.sampled_from(vals["bad"]))
+    if name == "top_k":
+        return draw(st.one_of(st.integers(0, V + 1), st.sampled_from(vals["good"])))
+    lo, hi = (1e-6, 1.0) if name == "top_p" else (0.0, 0.99)
+    return draw(st.one_of(st.sampled_from(vals["good"]), st.floats(lo, hi)))
+
+
+@st.composite
+def filter_arg(draw, name: str, B: int, V: int, via: str, c: "Chaos", focus: bool = False):
+    """One filter argument: None, a Python value (wrapper only; off values, good, out of range,
+    of the wrong type, outside int64), or a 0-dim / [B] tensor (good or wrong dtype / shape /
+    meta per Chaos; values as above, off values included). focus: in-range values only."""
+    kinds = ["none", "scalar", "row"] + (["py", "py"] if via == "wrapper" else [])
+    if focus:
+        kinds = ["row", "scalar", "none"] + (["py"] if via == "wrapper" else [])
+    kind = draw(st.sampled_from(kinds + (["bad_py"] if via == "wrapper" and not c.clean else [])))
+    vals = FILTER_VALUES[name]
+    if kind == "none":
+        return None
+    if focus:
+        one = focus_filter_value(name, V)
+    if kind == "py":
+        if focus:
+            return draw(one)
+        if draw(st.integers(0, 9)) == 9:
+            return draw(st.sampled_from(vals["py_extra"] + [FILTER_OFF[name]]))
+        return draw(filter_value(name, V, bad_ok=True))
+    if kind == "bad_py":
+        return draw(st.sampled_from(vals["py_bad_type"]))
+    shape = () if kind == "scalar" else c.shape([B])
+    n = math.prod(shape)
+    one = one if focus else filter_value(name, V, bad_ok=draw(st.integers(0, 1)) == 1)
+    xs = draw(st.lists(one, min_size=n, max_size=n))
+    if name == "top_k":
+        values = torch.tensor(xs, dtype=torch.int64)
+        dtype = c.idtype() if c.clean else draw(st.integers(0, 9).flatmap(lambda r: st.sampled_from(
+            [torch.float32, torch.bool, torch.uint8, torch.int16]) if r == 9 else st.sampled_from(fz.INDEX_DTYPES)))
+    else:
+        values = torch.tensor(xs, dtype=torch.float64)
+        dtype = torch.float32 if c.clean else draw(st.integers(0, 9).flatmap(lambda r: st.sampled_from(
+            [torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.bool]) if r == 9
+            else st.just(torch.float32)))
+    return draw(tensors(values.reshape(shape), dtype, meta=c.meta()))
+
+
+@st.composite
+def filter_args_draw(draw, B: int, V: int, via: str, c: "Chaos", focus: bool = False) -> Dict[str, Any]:
+    """top_k / top_p / min_p: all None in a third of the examples (the unfiltered kernels
+    keep their share) unless focus, else each drawn by filter_arg."""
+    if not focus and draw(st.integers(0, 2)) == 0:
+        return dict(top_k=None, top_p=None, min_p=None)
+    return {name: draw(filter_arg(name, B, V, via, c, focus)) for name in FILTER_NAMES}
+
+
+@st.composite
+def num_drafts_draw(draw, B: int, K: int, via: str, c: "Chaos", focus: bool = False):
+    """None (half the time) or [B] counts in [0, K]; now and then one out of range (not when
+    focus), and per Chaos a wrong dtype / shape / meta; the wrapper also gets a list or an int."""
+    if draw(st.booleans()):
+        return None
+    if via == "wrapper" and not c.clean and draw(st.integers(0, 9)) == 9:
+        return draw(st.sampled_from([[0] * B, K, 1.0]))
+    # a 0-dim tensor is not a [B] one (unlike seed / filters): refused
+    shape = [] if not c.clean and draw(st.integers(0, 9)) == 9 else c.shape([B])
+    n = math.prod(shape)
+    xs = draw(st.lists(st.integers(0, max(K, 0)), min_size=n, max_size=n))
+    if n and not focus and draw(st.integers(0, 7)) == 7:
+        xs[draw(st.integers(0, n - 1))] = draw(st.sampled_from([-1, K + 1, INT64_MAX, INT64_MIN]))
+    return draw(int_tensor(shape, bound=K, dtype=c.idtype(), meta=c.meta(),
+                           values=torch.tensor(xs, dtype=torch.int64)))
+
+
+def mode_draw(via: str, c: "Chaos"):
+    """wrapper: mode "exact" / "coupled" (or a bad one when not clean); raw: coupled bool."""
+    if via == "raw":
+        return st.booleans()
+    good = st.sampled_from(["exact", "coupled"])
+    if c.clean:
+        return good
+    return st.integers(0, 9).flatmap(lambda r: st.sampled_from(["Coupled", "", None, True, 1, "greedy"]) if r == 9
+                                     else good)
+
+
+@dataclass
+class RowFilter:
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def on(self, V: int) -> bool:
+        """filter_on in csrc/core/filter_math.h: whether any token can be removed."""
+        return 0 < self.top_k < V or self.top_p < 1.0 or self.min_p > 0.0
+
+
+def classify_filters(v: Verdict, args: Dict[str, Any], B: int, V: int, dev: str) -> Optional[List[RowFilter]]:
+    """Verdict rules of top_k / top_p / min_p; returns each row's filter as the kernels read it
+    (None when some value cannot be read: meta, or a refused argument)."""
+    rows = [RowFilter() for _ in range(B)]
+    readable, given = True, False
+    for name in FILTER_NAMES:
+        x = args.get(name)
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):  # the wrapper's Python value
+            if name == "top_k":
+                if isinstance(x, bool) or not isinstance(x, int):
+                    v.must(f"top_k of Python type {type(x).__name__}")
+                    readable = False
+                    continue
+                if x > INT64_MAX:  # an int >= 0, but no int64 holds it: refusing (ValueError) is fine
+                    v.may("top_k outside int64")
+                    readable = False
+                    continue
+                val = x
+            else:
+                if isinstance(x, bool) or not isinstance(x, (int, float)):
+                    v.must(f"{name} of Python type {type(x).__name__}")
+                    readable = False
+                    continue
+                val = f32(float(x))  # the wrapper rounds to float32 first (specdec_ext/_validate.py)
+            if not filter_value_ok(name, val):
+                v.must(f"{name} out of range")
+                readable = False
+                continue
+            given = given or val != FILTER_OFF[name]  # the wrapper passes None for an off value
+            for r in rows:
+                setattr(r, name, val)
+            continue
+        given = True  # any tensor, even one holding the off value, is a filter for the V rule
+        if name == "top_k":
+            v.must("top_k dtype", x.dtype not in (torch.int64, torch.int32))
+        else:
+            v.must(f"{name} dtype", not x.dtype.is_floating_point)
+        bad_shape = x.dim() != 0 and tuple(x.shape) != (B,)
+        v.must(f"{name} shape", bad_shape)
+        if x.device.type != dev and "meta" in (x.device.type, dev):
+            # meta filter with CPU data: refused; a CPU filter with meta data is a host value (allowed)
+            v.must(f"{name} device (meta mixed with cpu)", x.device.type == "meta")
+        if is_meta(x) or v.refuse or bad_shape:
+            readable = False
+            continue
+        vals = (x.to(torch.int64) if name == "top_k" else x.to(torch.float32)).reshape(-1).tolist()
+        if not all(filter_value_ok(name, val) for val in vals):
+            # Checked on the host by the CPU ops (csrc/sampling_args.cpp); with meta data only the
+            # fake kernel runs, which sees no values.
+            (v.may if dev == "meta" else v.must)(f"{name} out of range")
+            readable = False
+            continue
+        for b, r in enumerate(rows):
+            setattr(r, name, vals[b] if x.dim() else vals[0])
+    v.must("filters with V >= 2^23", given and V >= MAX_FILTER_VOCAB and dev != "meta")
+    return rows if readable else None
+
+
+def classify_num_drafts(v: Verdict, nd, B: int, K: int, dev: str) -> Optional[List[int]]:
+    """Verdict rules of num_drafts; returns the per-row counts (K each when None)."""
+    if nd is None:
+        return [K] * B
+    if not isinstance(nd, torch.Tensor):
+        v.must(f"num_drafts of Python type {type(nd).__name__}")
+        return None
+    v.must("num_drafts dtype", nd.dtype not in (torch.int64, torch.int32))
+    v.must("num_drafts shape", tuple(nd.shape) != (B,))
+    if nd.device.type != dev and "meta" in (nd.device.type, dev):
+        v.must("num_drafts device (meta mixed with cpu)", nd.device.type == "meta")
+    if is_meta(nd) or tuple(nd.shape) != (B,) or nd.dtype not in (torch.int64, torch.int32):
+        return None
+    vals = nd.long().tolist()
+    if not all(0 <= n <= K for n in vals):
+        (v.may if dev == "meta" else v.must)("num_drafts out of [0, K]")
+        return None
+    return vals
+
+
+def raw_filter(args: Dict[str, Any], pre: Dict[str, torch.Tensor], name: str):
+    """The filter as the raw op takes it (what the wrapper passes): a tensor (its pre-call
+    copy), None for None / an off value, else a 0-dim tensor of the value."""
+    x = args.get(name)
+    if isinstance(x, torch.Tensor):
+        return pre[name]
+    if x is None or x == FILTER_OFF[name]:
+        return None
+    if name == "top_k":
+        return torch.tensor(x, dtype=torch.int64)
+    return torch.tensor(f32(float(x)), dtype=torch.float32)
+
+
+# Slack of the float64 keep-set against the kernels' float32 cutoff (csrc/core/filter_math.h):
+# * top-p compares fixed-point masses (each exp((l - m) / T) in float32, truncated to 2^-40 of
+#   the max's mass) with top_p * total. A token's mass fraction above it is off by at most
+#   ~2 * (|z| + 5) * 2^-23 relative (float32 subtraction, product with 1/T and exp, |z| <= 28
+#   for any token weighing >= 2^-40) plus 2 * V * 2^-40 absolute: < 1e-5 for V <= 300.
+# * min-p compares e = exp((l - m) / T) in float32 with min_p: relative error (|z| + 5) * 2^-23
+#   with |z| <= 104 (below, float32 exp is 0) -> 2e-5, plus a subnormal's spacing (1.4e-45).
+# * top-k compares the float32 logits themselves: exact, no slack.
+# A token within that distance of a threshold may go either way; one beyond it may not.
+TOP_P_SLACK = 1e-5
+MIN_P_RTOL, MIN_P_ATOL = 2e-5, 1e-44
+
+
+def filtered_laws(x32: torch.Tensor, T: float, f: RowFilter):
+    """(loose, tight, exact): the filtered laws of one row position [V] in float64 (the
+    reference stats_reference.filtered_softmax64) with the top-p / min-p thresholds moved by
+    the slack above to keep more (loose) or fewer (tight) tokens. A token outside loose's
+    support must never be drawn nor get probability; tight == loose support means no token is
+    at a boundary and the kernels' law must be `exact`."""
+    from stats_reference import filtered_softmax64  # scipy: only in the sampling targets
+    p, mn = f.top_p, f.min_p
+    loose = filtered_softmax64(x32, T, f.top_k, min(p + TOP_P_SLACK, 1.0) if p < 1 else 1.0,
+                               max(mn * (1 - MIN_P_RTOL) - MIN_P_ATOL, 0.0))
+    # top_p > 0 keeps the max (nothing is strictly above it); min_p = 1 keeps the ties at the max
+    tight = filtered_softmax64(x32, T, f.top_k, max(p - TOP_P_SLACK, 1e-300) if p < 1 else 1.0,
+                               min(mn * (1 + MIN_P_RTOL) + MIN_P_ATOL, 1.0) if mn > 0 else 0.0)
+    exact = filtered_softmax64(x32, T, f.top_k, p, mn)
+    return torch.from_numpy(loose), torch.from_numpy(tight), torch.from_numpy(exact)
 
 
 # =============================================================================================
@@ -433,27 +743,35 @@ def classify_tensor_int(v: Verdict, x, name: str, B: int, device: str):
 @st.composite
 def verify_cases(draw, alias: bool = False):
     via = draw(st.sampled_from(["raw", "wrapper"]))
-    B = draw(size(4))
-    K1 = draw(st.one_of(st.integers(1, 4), st.just(0)))
-    V = draw(st.one_of(st.integers(1, 40), st.sampled_from([300, 0])))
+    focus = focus_draw(draw, alias)
+    B = draw(rarely_zero(4, p=1000 if focus else 10))
+    K1 = draw(rarely_zero(4, p=1000 if focus else 10))
+    V = draw(FOCUS_VOCAB if focus else vocab_size())
     K = max(K1 - 1, 0)
-    c = Chaos(draw, alias)
+    c = Chaos(draw, alias or focus)
     meta = c.meta
 
     shape = c.shape([B, K1, V])
-    logits = draw(tensors(draw(float_values(shape)), c.fdtype(), meta=meta()))
+    lvals = float_values(shape, regimes=FOCUS_REGIMES, specials=False) if focus else float_values(shape)
+    logits = draw(tensors(draw(lvals), c.fdtype(), meta=meta()))
     ids = draw(int_tensor(c.shape([B, K]), dtype=c.idtype(), bound=V, meta=meta()))
     probs = None
     if draw(st.booleans()):
         pshape = c.shape([B, K, V])
         probs = draw(tensors(draw(prob_values(pshape)), c.fdtype(), meta=meta()))
-    temperature = draw(py_or_tensor_temperature(B, via, c))
+    temperature = draw(py_or_tensor_temperature(B, via, c, values=FOCUS_TEMPERATURES if focus else None))
     seed = draw(py_or_tensor_int(B, via, c, allow_none=True))
     offset = draw(py_or_tensor_int(B, via, c, allow_none=False))
+    filters = draw(filter_args_draw(B, V, via, c, focus))
+    num_drafts = draw(num_drafts_draw(B, K, via, c, focus))
+    mode = draw(mode_draw(via, c))
     if via == "raw":  # the raw op takes tensors only
         temperature = temperature if isinstance(temperature, torch.Tensor) else torch.tensor(float(temperature))
+    if mode in ("coupled", True) and seed is None and draw(st.integers(0, 3)):
+        seed = draw(st.integers(0, 2**20))  # the coupled contract is checked by re-sampling: a known seed
     args = dict(target_logits=logits, draft_token_ids=ids, draft_probs=probs, temperature=temperature, seed=seed,
-                offset=offset)
+                offset=offset, **filters, num_drafts=num_drafts)
+    args["coupled" if via == "raw" else "mode"] = mode
     how = None
     if alias:
         if seed is None:
@@ -472,6 +790,8 @@ def make_verify_case(via, args, how=None):
     a = args
     logits, ids, probs = a["target_logits"], a["draft_token_ids"], a["draft_probs"]
     temperature, seed, offset = a["temperature"], a["seed"], a["offset"]
+    num_drafts = a.get("num_drafts")
+    mode = a.get("mode", "exact") if via == "wrapper" else a.get("coupled", False)
     v = Verdict()
     dev = logits.device.type if isinstance(logits, torch.Tensor) else "cpu"
     ok_meta = logits.dim() == 3
@@ -500,11 +820,18 @@ def make_verify_case(via, args, how=None):
     scalar_t_bad = (isinstance(temperature, torch.Tensor) and temperature.dim() == 0 and not is_meta(temperature)
                     and temperature.dtype.is_floating_point and not valid_temperature(f32(float(temperature))))
     v.may("0-dim temperature tensor unusable", scalar_t_bad)
+    row_filters = classify_filters(v, a, B, V, dev)
+    n_rows = classify_num_drafts(v, num_drafts, B, max(K, 0), dev)
+    if via == "wrapper":
+        v.must(f"mode {mode!r}", not isinstance(mode, str) or mode not in ("exact", "coupled"))
+    coupled = mode is True or mode == "coupled"
 
     def call():
         if via == "raw":
-            return ops().verify(logits, ids, probs, temperature, seed, offset)
-        return api().verify(logits, ids, probs, temperature, seed=seed, offset=offset)
+            return ops().verify(logits, ids, probs, temperature, seed, offset, a.get("top_k"), a.get("top_p"),
+                                a.get("min_p"), num_drafts, mode)
+        return api().verify(logits, ids, probs, temperature, top_k=a.get("top_k"), top_p=a.get("top_p"),
+                            min_p=a.get("min_p"), num_drafts=num_drafts, seed=seed, offset=offset, mode=mode)
 
     def check(out, pre, snap):
         tokens, num_acc, valid = out
@@ -519,32 +846,37 @@ def make_verify_case(via, args, how=None):
         ids64 = pre["draft_token_ids"].long()
         q = pre["draft_probs"].float() if probs is not None else None
         T = t_rows if t_rows is not None else torch.ones(B)
+        # coupled mode: the target's own sample at each position i (offset + i), per the contract
+        samples = coupled_samples(via, a, pre, K1) if coupled and seed is not None else None
         for b in range(B):
             row, n, ok = tokens[b].tolist(), int(num_acc[b]), bool(valid[b])
             Tb = float(T[b])
-            lb = l32[b]
+            nb = n_rows[b]  # drafts this row tests; positions after nb are never read
+            lb = l32[b, :nb + 1]
             must_invalid = (bool((lb != lb).any() | (lb == math.inf).any())
-                            or bool(((ids64[b] < 0) | (ids64[b] >= V)).any())
+                            or bool(((ids64[b, :nb] < 0) | (ids64[b, :nb] >= V)).any())
                             or not valid_temperature(Tb)
                             or bool((lb[0] == -math.inf).all()))
-            if q is not None and Tb != 0 and K > 0 and 0 <= int(ids64[b, 0]) < V:
+            # the first tested draft's q(x) is always read (exact mode; greedy and coupled read no q)
+            if q is not None and Tb != 0 and nb > 0 and not coupled and 0 <= int(ids64[b, 0]) < V:
                 q0 = float(q[b, 0, ids64[b, 0]])
                 must_invalid |= not (q0 >= 0) or q0 == math.inf
             finite_max = lb.abs().max().item() if lb.numel() else 0.0
+            qb = q[b, :nb] if q is not None else None
             must_valid = (bool(torch.isfinite(lb).all()) and not must_invalid
                           and (Tb == 0 or finite_max / Tb <= 1e30)
-                          and (q is None or bool((torch.isfinite(q[b]) & (q[b] >= 0) & (q[b] <= 1e30)).all())))
+                          and (qb is None or coupled or bool((torch.isfinite(qb) & (qb >= 0) & (qb <= 1e30)).all())))
             if ok and must_invalid:
                 fail("verify: row with NaN/+inf logits, bad draft or bad temperature reported valid",
-                     f"row {b}: tokens {row}, T={Tb}")
+                     f"row {b}: tokens {row}, T={Tb}, num_drafts {nb}")
             if not ok and must_valid:
-                fail("verify: usable row reported invalid", f"row {b}: T={Tb}")
+                fail("verify: usable row reported invalid", f"row {b}: T={Tb}, num_drafts {nb}")
             if not ok:
                 if row != [-1] * K1 or n != 0:
                     fail("verify: invalid row not all -1 / num_accepted 0", f"row {b}: {row}, n={n}")
                 continue
-            if not 0 <= n <= K:
-                fail("verify: num_accepted out of [0, K]", f"row {b}: n={n}, K={K}")
+            if not 0 <= n <= nb:
+                fail("verify: num_accepted out of [0, num_drafts]", f"row {b}: n={n}, num_drafts {nb}, K={K}")
             if row[:n] != ids64[b, :n].tolist():
                 fail("verify: accepted tokens differ from the drafts", f"row {b}: {row} drafts {ids64[b].tolist()}")
             if not 0 <= row[n] < V:
@@ -554,23 +886,67 @@ def make_verify_case(via, args, how=None):
             for i in range(n + 1):
                 if lb[i, row[i]] == -math.inf:
                     fail("verify: emitted a token with -inf logit", f"row {b} pos {i}: {row}")
-            if Tb == 0:
-                am = [int(lb[i].argmax()) for i in range(K1)]
-                expect_n = next((i for i in range(K) if int(ids64[b, i]) != am[i]), K)
+            if Tb == 0:  # greedy: argmax, whatever the filters and the mode
+                am = [int(lb[i].argmax()) for i in range(nb + 1)]
+                expect_n = next((i for i in range(nb) if int(ids64[b, i]) != am[i]), nb)
                 if n != expect_n or row[n] != am[n]:
-                    fail("verify: greedy row differs from argmax", f"row {b}: {row}, argmax {am}, drafts {ids64[b].tolist()}")
-            elif q is None and n < K and row[n] == int(ids64[b, n]):
-                fail("verify: correction equals the rejected one-hot draft", f"row {b}: {row}")
+                    fail("verify: greedy row differs from argmax", f"row {b}: {row}, argmax {am}, drafts "
+                         f"{ids64[b].tolist()}, num_drafts {nb}")
+            elif (q is None or coupled) and n < nb and row[n] == int(ids64[b, n]):
+                # exact mode, one-hot q: the residual max(0, p' - q) is 0 at the draft;
+                # coupled: a draft is rejected only when it differs from the sampled token
+                fail("verify: correction equals the rejected draft", f"row {b}: {row}, coupled={coupled}")
+            if Tb != 0 and row_filters is not None and row_filters[b].on(V):
+                # every token the row holds was drawn (or accepted) under p' at its position: a
+                # draft outside p' has p'(x) = 0 and fails u * q(x) < p'(x)
+                for i in range(n + 1):
+                    loose = filtered_laws(lb[i], Tb, row_filters[b])[0]
+                    if not loose[row[i]] > 0:
+                        fail("verify: token outside the filtered set", f"row {b} pos {i}: {row}, "
+                             f"{row_filters[b]}, T={Tb}, logits {lb[i].tolist()[:16]}")
+            if samples is not None:
+                s = [int(samples[i][b]) for i in range(nb + 1)]
+                expect_n = next((i for i in range(nb) if int(ids64[b, i]) != s[i]), nb)
+                if n != expect_n or row[:n + 1] != s[:n + 1]:
+                    fail("verify: coupled row differs from sample at offset + i",
+                         f"row {b}: {row} (n={n}), samples {s}, drafts {ids64[b].tolist()}, num_drafts {nb}")
         if how:  # aliased inputs: same result as the call on separate copies
             ref = ops().verify(pre["target_logits"], pre["draft_token_ids"], pre.get("draft_probs"),
                                pre["temperature"] if "temperature" in pre else torch.tensor(t_py),
                                pre["seed"] if "seed" in pre else torch.tensor(wrap64(seed)),
-                               pre["offset"] if "offset" in pre else torch.tensor(wrap64(offset)))
+                               pre["offset"] if "offset" in pre else torch.tensor(wrap64(offset)),
+                               *(raw_filter(a, pre, name) for name in FILTER_NAMES), pre.get("num_drafts"),
+                               coupled)
             for name, x, y in zip(("tokens", "num_accepted", "valid"), out, ref):
                 if not torch.equal(x, y):
                     fail("verify: aliased inputs change the result", f"{name}: {x.tolist()} vs copies {y.tolist()}")
 
     return Case("verify", via, args, call, v, check, how)
+
+
+def coupled_samples(via, a, pre, K1) -> List[torch.Tensor]:
+    """sample(target_logits[:, i], same temperature / filters / seed, offset + i) for every
+    position i, called the way the verify call was (wrapper or raw op; pre-call copies)."""
+    def same(name):
+        x = a.get(name)
+        return pre[name] if isinstance(x, torch.Tensor) else x
+
+    out = []
+    for i in range(K1):
+        off = a["offset"]
+        off_i = pre["offset"].long() + i if isinstance(off, torch.Tensor) else wrap64((off + i) % 2**64)
+        logits_i = pre["target_logits"][:, i]
+        try:
+            if via == "raw":
+                s = ops().sample(logits_i, pre["temperature"], pre["seed"], off_i, None,
+                                 *(raw_filter(a, pre, name) for name in FILTER_NAMES))
+            else:
+                s = api().sample(logits_i, same("temperature"), top_k=same("top_k"), top_p=same("top_p"),
+                                 min_p=same("min_p"), seed=same("seed"), offset=off_i)
+        except (ValueError, TypeError) as e:
+            fail("coupled: sample refused what verify accepted", f"position {i}: {type(e).__name__}: {e}")
+        out.append(s)
+    return out
 
 
 def wrap64(x: int) -> int:
@@ -583,22 +959,26 @@ def wrap64(x: int) -> int:
 @st.composite
 def sample_cases(draw, alias: bool = False):
     via = draw(st.sampled_from(["raw", "wrapper"]))
-    B = draw(size(4))
-    V = draw(st.one_of(st.integers(1, 40), st.sampled_from([300, 0])))
-    c = Chaos(draw, alias)
+    focus = focus_draw(draw, alias)
+    B = draw(rarely_zero(4, p=1000 if focus else 10))
+    V = draw(FOCUS_VOCAB if focus else vocab_size())
+    c = Chaos(draw, alias or focus)
     meta = c.meta
 
-    logits = draw(tensors(draw(float_values(c.shape([B, V]))), c.fdtype(), meta=meta()))
-    temperature = draw(py_or_tensor_temperature(B, via, c))
+    shape = c.shape([B, V])
+    lvals = float_values(shape, regimes=FOCUS_REGIMES, specials=False) if focus else float_values(shape)
+    logits = draw(tensors(draw(lvals), c.fdtype(), meta=meta()))
+    temperature = draw(py_or_tensor_temperature(B, via, c, values=FOCUS_TEMPERATURES if focus else None))
     seed = draw(py_or_tensor_int(B, via, c, allow_none=True))
     offset = draw(py_or_tensor_int(B, via, c, allow_none=False))
     probs_out = None
     if alias or draw(st.booleans()):
         pdtype = torch.float32 if draw(st.integers(0, 9)) != 9 else draw(st.sampled_from([torch.float16, torch.float64]))
         probs_out = draw(tensors(torch.full(c.shape([B, V]), 7.0), pdtype, meta=meta(), unit_last=True))
+    filters = draw(filter_args_draw(B, V, via, c, focus))
     if via == "raw":
         temperature = temperature if isinstance(temperature, torch.Tensor) else torch.tensor(float(temperature))
-    args = dict(logits=logits, temperature=temperature, seed=seed, offset=offset, probs_out=probs_out)
+    args = dict(logits=logits, temperature=temperature, seed=seed, offset=offset, probs_out=probs_out, **filters)
     how = None
     if alias:
         if seed is None:
@@ -626,20 +1006,23 @@ def make_sample_case(via, args, how=None):
         classify_tensor_int(v, x, name, B, dev)
         if isinstance(x, torch.Tensor):
             v.may(f"{name} int32", x.dtype == torch.int32)
+    row_filters = classify_filters(v, a, B, V, dev)
     if probs_out is not None:
         v.must("probs_out dtype", probs_out.dtype != torch.float32)
         v.must("probs_out shape", tuple(probs_out.shape) != (B, V))
         v.must("probs_out device", probs_out.device.type != dev)
         v.must("probs_out stride along V", probs_out.dim() == 2 and V > 1 and probs_out.stride(-1) != 1)
-        check_written_overlaps(v, a, ["probs_out"])
+        check_written_overlaps(v, a, ["probs_out"])  # incl. the filter tensors (read)
     scalar_t_bad = (isinstance(temperature, torch.Tensor) and temperature.dim() == 0 and not is_meta(temperature)
                     and temperature.dtype.is_floating_point and not valid_temperature(f32(float(temperature))))
     v.may("0-dim temperature tensor unusable", scalar_t_bad)
 
     def call():
         if via == "raw":
-            return ops().sample(logits, temperature, seed, offset, probs_out)
-        return api().sample(logits, temperature, seed=seed, offset=offset, probs_out=probs_out)
+            return ops().sample(logits, temperature, seed, offset, probs_out, a.get("top_k"), a.get("top_p"),
+                                a.get("min_p"))
+        return api().sample(logits, temperature, top_k=a.get("top_k"), top_p=a.get("top_p"), min_p=a.get("min_p"),
+                            seed=seed, offset=offset, probs_out=probs_out)
 
     def check(tokens, pre, snap):
         if tokens.dtype != torch.int64 or tuple(tokens.shape) != (B,) or tokens.device.type != dev:
@@ -652,7 +1035,8 @@ def make_sample_case(via, args, how=None):
             ref_out = torch.empty(B, V) if probs_out is not None else None
             ref_tok = ops().sample(pre["logits"], pre["temperature"] if "temperature" in pre else torch.tensor(t_py),
                                    pre["seed"] if "seed" in pre else torch.tensor(wrap64(seed)),
-                                   pre["offset"] if "offset" in pre else torch.tensor(wrap64(offset)), ref_out)
+                                   pre["offset"] if "offset" in pre else torch.tensor(wrap64(offset)), ref_out,
+                                   *(raw_filter(a, pre, name) for name in FILTER_NAMES))
             if not torch.equal(ref_tok, tokens):
                 fail("sample: aliased arguments change the result", f"{tokens.tolist()} vs copies {ref_tok.tolist()}")
             if probs_out is not None and not torch.allclose(probs_out, ref_out, atol=1e-6, equal_nan=True):
@@ -675,8 +1059,15 @@ def make_sample_case(via, args, how=None):
                      f"row {b}: token {tok}, V={V}, T={Tb}, logits {describe(pre['logits'][b])}")
             if lb[tok] == -math.inf:
                 fail("sample: drew a token with -inf logit", f"row {b}: token {tok}")
-            if Tb == 0 and tok != int(lb.argmax()):
+            if Tb == 0 and tok != int(lb.argmax()):  # filters never apply to greedy rows
                 fail("sample: greedy token is not the argmax", f"row {b}: token {tok}, argmax {int(lb.argmax())}")
+            filt = row_filters[b] if row_filters is not None and Tb != 0 else RowFilter()
+            loose = tight = law = None
+            if filt.on(V):
+                loose, tight, law = filtered_laws(lb, Tb, filt)
+                if not loose[tok] > 0:
+                    fail("sample: token outside the filtered set",
+                         f"row {b}: token {tok}, {filt}, T={Tb}, logits {lb.tolist()[:16]}")
             if P is None:
                 continue
             pb = P[b]
@@ -686,17 +1077,36 @@ def make_sample_case(via, args, how=None):
                 fail("sample: drawn token has probability 0 in probs_out", f"row {b}: token {tok}")
             if bool((pb[lb == -math.inf] != 0).any()):
                 fail("sample: probs_out > 0 at a -inf logit", f"row {b}")
+            # The kernels compute exp((l - max) / T) in float32 (verify_math.h shifted_exp): with logits
+            # spanning more than 3.4e38, l - max overflows to -inf and such a token gets probability 0
+            # where float64 gives it some (only visible with T > ~1e37). The law comparisons below
+            # assume that difference is finite; the support checks hold either way.
+            finite = lb > -math.inf
+            f32_exact = bool(torch.isfinite(lb[finite] - lb.max()).all())
+            if loose is not None:
+                out_set = (loose == 0) & (pb != 0)
+                if bool(out_set.any()):
+                    fail("sample: probs_out > 0 outside the filtered set",
+                         f"row {b}: tokens {out_set.nonzero().view(-1).tolist()}, {filt}, T={Tb}")
+                # a token kept with any margin and a float32-sized probability must get one
+                missing = (tight > 1e-30) & (pb == 0)
+                if f32_exact and bool(missing.any()):
+                    fail("sample: probs_out 0 at a token the filters keep",
+                         f"row {b}: tokens {missing.nonzero().view(-1).tolist()}, {filt}, T={Tb}")
+                if not torch.equal(loose > 0, tight > 0):
+                    continue  # a token at a threshold: which law the kernel used is open (sum checked)
             if Tb == 0:
                 ref = torch.zeros(V, dtype=torch.float64)
                 ref[int(lb.argmax())] = 1
             else:
                 y = lb.double() / Tb
-                ref = torch.softmax(y, 0) if bool(torch.isfinite(y[y > -math.inf]).all()) else None
+                ref = law if law is not None else torch.softmax(y, 0)
+                ref = ref if bool(torch.isfinite(y[y > -math.inf]).all()) else None
                 spread = float(y.max() - y[y > -math.inf].min()) if ref is not None else math.inf
-                ref = ref if spread <= 80 else None
+                ref = ref if spread <= 80 and f32_exact else None
             if ref is not None and not torch.allclose(pb, ref, atol=1e-4, rtol=1e-3):
-                fail("sample: probs_out differs from softmax(logits / T)",
-                     f"row {b}: max abs err {float((pb - ref).abs().max())}")
+                fail("sample: probs_out differs from the (filtered) softmax(logits / T)",
+                     f"row {b}: max abs err {float((pb - ref).abs().max())}, {filt}")
     return Case("sample", via, args, call, v, check, how)
 
 
@@ -1195,7 +1605,16 @@ def _pinned_sample():
             make_sample_case("wrapper", dict(logits=f([[3e38, 0.0]]), temperature=0.5, seed=1, offset=0,
                                              probs_out=None)),
             make_sample_case("wrapper", dict(logits=f([[1.0, 2.0]]), temperature="0.5", seed=1, offset=0,
-                                             probs_out=None))]
+                                             probs_out=None)),
+            # top_k = 2**63 (an int >= 0 no int64 holds): the wrapper raised "ValueError: Overflow
+            # when unpacking long long", naming no argument
+            make_sample_case("wrapper", dict(logits=torch.zeros(1, 4), temperature=1.0, seed=0, offset=0,
+                                             probs_out=None, top_k=2**63, top_p=None, min_p=None)),
+            # filters need V < 2^23 (a row's fixed-point mass must fit in 63 bits); any filter
+            # tensor counts, even one holding the off value (16 MB of float16 logits)
+            make_sample_case("raw", dict(logits=torch.zeros(1, MAX_FILTER_VOCAB, dtype=torch.float16),
+                                         temperature=torch.tensor(1.0), seed=torch.tensor(0), offset=torch.tensor(0),
+                                         probs_out=None, top_k=torch.tensor(0), top_p=None, min_p=None))]
 
 
 def _pinned_verify():
@@ -1205,7 +1624,11 @@ def _pinned_verify():
                                              offset=0)),
             make_verify_case("wrapper", dict(target_logits=torch.zeros(1, 2, 4), draft_token_ids=f([[1]]),
                                              draft_probs=None, temperature=1.0,
-                                             seed=f([1], device="meta"), offset=0))]
+                                             seed=f([1], device="meta"), offset=0)),
+            make_verify_case("wrapper", dict(target_logits=torch.zeros(1, 1, 4), draft_token_ids=torch.zeros(
+                                             1, 0, dtype=torch.int64), draft_probs=None, temperature=1.0, seed=0,
+                                             offset=0, top_k=2**63, top_p=None, min_p=None, num_drafts=None,
+                                             mode="exact"))]
 
 
 def _pinned_rollback():
