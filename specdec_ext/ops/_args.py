@@ -65,6 +65,8 @@ def filter_args(top_k, top_p, min_p):
             out.append(value)
             continue
         value = check_filter(name, value)
+        if name == "top_k" and value >= 2**63:  # k >= V keeps every token: an int64-overflowing k is off
+            value = 0
         out.append(None if value == _FILTER_OFF[name] else torch.tensor(value, dtype=_FILTER_DTYPE[name]))
     return out
 
