@@ -13,6 +13,7 @@ import torch
 from ..errors import ModelOutputError
 from ..models.base import SpecModel
 from ..ops.sampling import sample, verify
+from .inputs import SamplingArgs
 from .rng_keys import StepKeys
 
 __all__ = ["check_rows", "draft_phase", "drop_entries", "ngram_drafts", "override_drafts", "padded_ids", "prefill",
@@ -46,17 +47,19 @@ def prefill(model: SpecModel, prompts: Sequence[Sequence[int]], to_device: ToDev
         drop_entries(model, [width - len(h) for h in heads])
 
 
-def draft_phase(draft: SpecModel, pending: Sequence[Sequence[int]], k: int, temps: torch.Tensor, seed: int,
-                keys: StepKeys, step: int, want_probs: bool,
+def draft_phase(draft: SpecModel, pending: Sequence[Sequence[int]], k: int, sampling: SamplingArgs,
+                keys: StepKeys, step: int, positions: Optional[torch.Tensor], want_probs: bool,
                 to_device: ToDevice) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """K draft tokens per row: the draft catches up on its pending tokens, then samples K
-    tokens (K - 1 more single-token forwards), each with :func:`sample` writing the draft
-    law in place (no host sync).
+    tokens (K - 1 more single-token forwards), each with :func:`sample` (the run's
+    temperature, filters and seed; offsets from ``keys``, ``positions`` [B] int64 in coupled
+    mode) writing the filtered draft law in place (no host sync).
 
     Returns draft_ids int64 [B, K] on the device (-1 where the draft's logits were unusable)
-    and, when ``want_probs``, draft_probs float32 [B, K, V] (else None: greedy rows only).
+    and, when ``want_probs``, draft_probs float32 [B, K, V] (else None: greedy rows only,
+    or coupled mode, which does not read q).
     """
-    B, dev = len(pending), temps.device
+    B, dev = len(pending), sampling.temperature.device
     draft_ids = torch.empty(B, k, dtype=torch.int64, device=dev)
     if k == 0:
         return draft_ids, None
@@ -67,8 +70,8 @@ def draft_phase(draft: SpecModel, pending: Sequence[Sequence[int]], k: int, temp
     logits = logits[torch.arange(B, device=dev), last]  # [B, V]: each row's last pending token
     probs = torch.empty(B, k, logits.shape[-1], dtype=torch.float32, device=dev) if want_probs else None
     for i in range(k):
-        draft_ids[:, i] = sample(logits, temps, seed=seed, offset=keys.draft(step, i),
-                                 probs_out=None if probs is None else probs[:, i])
+        draft_ids[:, i] = sample(logits, sampling.temperature, **sampling.kwargs(),
+                                 offset=keys.draft(step, i, positions), probs_out=None if probs is None else probs[:, i])
         if i + 1 < k:  # an invalid row (-1) feeds token 0 on; verify marks the row invalid anyway
             logits = draft.forward(draft_ids[:, i:i + 1].clamp(min=0))[:, 0]
     return draft_ids, probs
@@ -103,10 +106,13 @@ def score_phase(target: SpecModel, last: torch.Tensor, draft_ids: torch.Tensor) 
 
 
 def verify_phase(target_logits: torch.Tensor, draft_ids: torch.Tensor, draft_probs: Optional[torch.Tensor],
-                 temps: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
-    """:func:`verify`, packed for the step's one device-to-host copy: int64 [B, K+4] =
-    tokens [K+1], num_accepted, valid, draft_ok (the draft gave every row a usable token)."""
-    res = verify(target_logits, draft_ids, draft_probs, temps, seed=seed, offset=offset)
+                 sampling: SamplingArgs, offset, num_drafts: Optional[torch.Tensor], mode: str) -> torch.Tensor:
+    """:func:`verify` (the run's temperature, filters and seed; ``offset`` an int or int64
+    [B]; ``num_drafts`` int64 [B] on the device, None = K for every row; ``mode`` "exact" |
+    "coupled"), packed for the step's one device-to-host copy: int64 [B, K+4] = tokens
+    [K+1], num_accepted, valid, draft_ok (the draft gave every row a usable token)."""
+    res = verify(target_logits, draft_ids, draft_probs, sampling.temperature, **sampling.kwargs(), offset=offset,
+                 num_drafts=num_drafts, mode=mode)
     draft_ok = (draft_ids >= 0).all(dim=1) if draft_ids.shape[1] else torch.ones_like(res.valid)
     return torch.cat([res.tokens, res.num_accepted.view(-1, 1), res.valid.view(-1, 1).long(),
                       draft_ok.view(-1, 1).long()], dim=1)
