@@ -16,7 +16,7 @@ from ..ops.sampling import sample, verify
 from .inputs import SamplingArgs
 from .rng_keys import StepKeys
 
-__all__ = ["check_rows", "draft_phase", "drop_entries", "ngram_drafts", "override_drafts", "padded_ids", "prefill",
+__all__ = ["catch_up", "check_rows", "draft_phase", "drop_entries", "ngram_drafts", "override_drafts", "padded_ids", "prefill",
            "score_phase", "verify_phase"]
 
 ToDevice = Callable[[torch.Tensor], torch.Tensor]
@@ -47,6 +47,30 @@ def prefill(model: SpecModel, prompts: Sequence[Sequence[int]], to_device: ToDev
         drop_entries(model, [width - len(h) for h in heads])
 
 
+def catch_up(model: SpecModel, pending: Sequence[Sequence[int]], chunk: int, to_device: ToDevice) -> torch.Tensor:
+    """Feed each row's pending tokens (right-padded, the pads dropped again) in forwards of
+    at most ``chunk`` columns, so that a row never holds more than its caught-up length +
+    ``chunk`` entries, however many tokens another row has pending (they pile up while
+    every row has K = 0). The engine uses chunk = k_max: a finished row holds at most its
+    text, and the caches have k_max positions of slack past it. Returns the logits [B, V]
+    at each row's last pending token (one forward in the usual case, where no row has more
+    than ``chunk`` pending)."""
+    counts = [len(p) for p in pending]
+    out = None
+    for start in range(0, max(counts), chunk):
+        part = [p[start:start + chunk] for p in pending]
+        logits = model.forward(to_device(padded_ids(part)))  # [B, width <= chunk, V]
+        drop_entries(model, [logits.shape[1] - len(p) for p in part])
+        ends = [b for b, c in enumerate(counts) if start < c <= start + chunk]  # last pending token is here
+        rows = to_device(torch.tensor(ends, dtype=torch.int64))
+        cols = to_device(torch.tensor([counts[b] - 1 - start for b in ends], dtype=torch.int64))
+        if out is None and len(ends) == len(counts):
+            return logits[rows, cols]
+        out = logits.new_empty(len(counts), logits.shape[-1]) if out is None else out
+        out[rows] = logits[rows, cols]
+    return out
+
+
 def draft_phase(draft: SpecModel, pending: Sequence[Sequence[int]], k: int, sampling: SamplingArgs,
                 keys: StepKeys, step: int, positions: Optional[torch.Tensor], want_probs: bool,
                 to_device: ToDevice) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -63,11 +87,7 @@ def draft_phase(draft: SpecModel, pending: Sequence[Sequence[int]], k: int, samp
     draft_ids = torch.empty(B, k, dtype=torch.int64, device=dev)
     if k == 0:
         return draft_ids, None
-    counts = [len(p) for p in pending]
-    logits = draft.forward(to_device(padded_ids(pending)))  # [B, width, V]
-    drop_entries(draft, [logits.shape[1] - c for c in counts])
-    last = to_device(torch.tensor(counts, dtype=torch.int64) - 1)
-    logits = logits[torch.arange(B, device=dev), last]  # [B, V]: each row's last pending token
+    logits = catch_up(draft, pending, keys.k_max, to_device)
     probs = torch.empty(B, k, logits.shape[-1], dtype=torch.float32, device=dev) if want_probs else None
     for i in range(k):
         draft_ids[:, i] = sample(logits, sampling.temperature, **sampling.kwargs(),
