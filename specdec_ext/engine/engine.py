@@ -275,8 +275,8 @@ class SpeculativeEngine:
             logits = score_phase(self.target, run.last, draft_ids)
             timer.mark()
             num_drafts = None if all(kb == k for kb in ks) else self._to_device(torch.tensor(ks, dtype=torch.int64))
-            packed = verify_phase(logits, draft_ids, draft_probs, run.sampling, run.keys.verify(run.step, run.positions),
-                                  num_drafts, run.keys.mode)
+            offset = run.keys.verify(run.step, run.positions)
+            packed = verify_phase(logits, draft_ids, draft_probs, run.sampling, offset, num_drafts, run.keys.mode)
             timer.mark()
         rows = packed.cpu().tolist()  # the step's ONE device -> host copy
         check_rows(rows, k, run.active, run.step)

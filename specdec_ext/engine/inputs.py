@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Optional, Tuple, Union
+from typing import Dict, FrozenSet, List, Tuple, Union
 
 import torch
 
 from .._validate import check_filter, check_int, valid_temperatures
 
-__all__ = ["FILTER_NAMES", "SamplingArgs", "check_eos", "check_filter_rows", "check_filters", "check_prompts", "check_seed", "check_temperature_rows"]
+__all__ = ["FILTER_NAMES", "SamplingArgs", "check_eos", "check_filter_rows", "check_filters", "check_prompts",
+           "check_seed", "check_temperature_rows"]
 
 #: the sampling filters generate() passes on to sample / verify, in Hugging Face's warper order
 FILTER_NAMES = ("top_k", "top_p", "min_p")

@@ -16,8 +16,8 @@ from ..ops.sampling import sample, verify
 from .inputs import SamplingArgs
 from .rng_keys import StepKeys
 
-__all__ = ["catch_up", "check_rows", "draft_phase", "drop_entries", "ngram_drafts", "override_drafts", "padded_ids", "prefill",
-           "score_phase", "verify_phase"]
+__all__ = ["catch_up", "check_rows", "draft_phase", "drop_entries", "ngram_drafts", "override_drafts", "padded_ids",
+           "prefill", "score_phase", "verify_phase"]
 
 ToDevice = Callable[[torch.Tensor], torch.Tensor]
 
@@ -90,8 +90,9 @@ def draft_phase(draft: SpecModel, pending: Sequence[Sequence[int]], k: int, samp
     logits = catch_up(draft, pending, keys.k_max, to_device)
     probs = torch.empty(B, k, logits.shape[-1], dtype=torch.float32, device=dev) if want_probs else None
     for i in range(k):
-        draft_ids[:, i] = sample(logits, sampling.temperature, **sampling.kwargs(),
-                                 offset=keys.draft(step, i, positions), probs_out=None if probs is None else probs[:, i])
+        offset = keys.draft(step, i, positions)
+        draft_ids[:, i] = sample(logits, sampling.temperature, **sampling.kwargs(), offset=offset,
+                                 probs_out=None if probs is None else probs[:, i])
         if i + 1 < k:  # an invalid row (-1) feeds token 0 on; verify marks the row invalid anyway
             logits = draft.forward(draft_ids[:, i:i + 1].clamp(min=0))[:, 0]
     return draft_ids, probs
