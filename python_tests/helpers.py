@@ -21,3 +21,54 @@ def ragged_prompts(vocab=97, seed=3):
     mask[2, :5] = 0
     ids[mask == 0] = 0
     return ids, mask
+
+
+def tiny_llama(hidden, layers, seed, vocab=97):
+    """A random Hugging Face LlamaForCausalLM in float64 (eval mode), seeded."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                                   num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=256)
+    return transformers.LlamaForCausalLM(cfg).double().eval()
+
+
+def near_copy(model, noise=1e-3, seed=0):
+    """A deep copy of ``model`` with N(0, noise^2) added to every parameter (a close draft);
+    seed None draws from torch's generator as it stands."""
+    import copy
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn_like(p) * noise)
+    return out
+
+
+def assert_cache_matches_prefill(wrapper, full_model, seqs, pending_ok):
+    """After a generation, ``wrapper``'s cache (any SpecModel with ``lengths``) holds exactly
+    a prefix of each row's sequence ``seqs[b]`` (prompt + generated), leaving a number of
+    pending tokens in ``pending_ok``: feeding them (two columns per forward, so a full row
+    never overflows) gives the logits a fresh forward of ``full_model`` (a transformers
+    causal LM) over the whole sequence gives."""
+    from specdec_ext.engine.phases import catch_up
+
+    lengths = wrapper.lengths.tolist()
+    pending = [s[n:] for s, n in zip(seqs, lengths)]
+    assert all(len(p) in pending_ok for p in pending), [len(p) for p in pending]
+    logits = catch_up(wrapper, pending, 2, lambda t: t)   # [B, V] at each row's last token
+    for b, s in enumerate(seqs):
+        fresh = full_model(torch.tensor([s])).logits[0, -1]
+        torch.testing.assert_close(logits[b], fresh, rtol=1e-9, atol=1e-9)
+
+
+def reference_model(hf, cache="contiguous"):
+    """The package's reference Llama (float64) with ``hf``'s weights, wrapped as a SpecModel
+    with a contiguous or a paged (blocks of 4) cache."""
+    from specdec_ext.models import LlamaModel, LlamaSpecModel
+
+    m = LlamaModel.from_state_dict(hf.config, hf.state_dict(), dtype=torch.float64)
+    return LlamaSpecModel(m, cache=cache, block_size=4) if cache == "paged" else LlamaSpecModel(m)

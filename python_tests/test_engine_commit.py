@@ -11,7 +11,7 @@ NO_EOS = frozenset()
 def test_partial_acceptance_keeps_the_accepted_prefix():
     # K = 4, two drafts accepted, correction 9: emits [d1, d2, 9]
     c = commit_row([5, 6, 9, -1, -1], 2, 4, [3], num_generated=0, max_new_tokens=100, eos=NO_EOS)
-    assert c == RowCommit(emitted=[5, 6, 9], accepted=2, kept_target=3, kept_draft=1 + 2,
+    assert c == RowCommit(emitted=[5, 6, 9], accepted=2, tested=4, kept_target=3, kept_draft=1 + 2,
                           draft_pending=[9], done=False)
 
 

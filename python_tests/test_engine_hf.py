@@ -1,34 +1,21 @@
 """The engine with Hugging Face models: greedy output equals target.generate token for
 token (B = 1 and a ragged batch; K in {1, 3, 5}; adaptive K), and the HF caches equal a
 fresh prefill of the emitted sequence."""
-import copy
 import inspect
 
 import pytest
 import torch
 
-from helpers import ragged_prompts
+from helpers import near_copy, ragged_prompts, tiny_llama
 from specdec_ext import SpeculativeEngine
 
 transformers = pytest.importorskip("transformers")
 
 
-def _llama(hidden, layers, seed, vocab=97):
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                                   num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=256)
-    return transformers.LlamaForCausalLM(cfg).double().eval()
-
-
 @pytest.fixture(scope="module")
 def pair():
-    target = _llama(64, 2, seed=1)
-    draft = copy.deepcopy(target)          # a close draft: high acceptance
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn_like(p) * 1e-3)
-    return target, draft
+    target = tiny_llama(64, 2, seed=1)
+    return target, near_copy(target, 1e-3, seed=None)   # a close draft: high acceptance
 
 
 @pytest.mark.parametrize("k,adaptive", [(1, False), (3, False), (5, False), (5, "cost"), (4, "threshold")])
@@ -48,7 +35,7 @@ def test_greedy_equals_hf_generate(pair, k, adaptive):
 
 def test_greedy_with_an_unrelated_draft(pair):
     target, _ = pair
-    draft = _llama(32, 1, seed=9)
+    draft = tiny_llama(32, 1, seed=9)
     ids = torch.randint(1, 97, (1, 5), generator=torch.Generator().manual_seed(0))
     ref = target.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0)
     assert torch.equal(SpeculativeEngine(target, draft, k=3, adaptive_k=False).generate(ids, 12).sequences, ref)

@@ -11,7 +11,10 @@ pair's <|endoftext|>, or config.json's eos_token_id; --eos-id overrides, --ignor
 disables). Prints the continuation (text when a tokenizer is known, else ids) and a
 summary line: acceptance rate, tokens per step, tokens/s and the speedup over
 target-only decoding of the same prompt (skip that run with --no-baseline).
---metrics-port serves Prometheus metrics while it runs.
+--top-k / --top-p / --min-p filter the sampling law (Hugging Face's warper order; ignored
+when greedy); --coupled keys every token by (seed, position) so the text equals target-only
+sampling with the same --seed, whatever K or the drafter. --metrics-port serves Prometheus
+metrics while it runs.
 
 Arguments are checked before any model is loaded; a bad one is a one-line error.
 """
@@ -26,7 +29,7 @@ import time
 
 import torch
 
-from ._validate import check_temperature
+from ._validate import check_filter, check_temperature
 from .engine import SpecDecMetrics, SpeculativeEngine
 
 
@@ -60,6 +63,21 @@ def _temperature(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _filter(name: str, parse):
+    """argparse type of one sampling filter, checked by the ops' rule (check_filter)."""
+    def check(text: str):
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if parse is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        try:
+            return check_filter(name, value)
+        except (TypeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e).replace(" or a tensor [B]", "")) from None
+    return check
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (no usage block): ``prog: error: ... (see --help)``."""
 
@@ -87,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "exists and the model elsewhere")
     ap.add_argument("--max-ngram", type=_int_at_least(1), default=3, help="longest suffix n-gram matched")
     ap.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
+    ap.add_argument("--top-k", type=_filter("top_k", int), default=None, help="keep the k most likely tokens (0 = off)")
+    ap.add_argument("--top-p", type=_filter("top_p", float), default=None, help="nucleus sampling, in (0, 1] (1 = off)")
+    ap.add_argument("--min-p", type=_filter("min_p", float), default=None,
+                    help="keep tokens with p >= min_p * max p, in [0, 1) (0 = off)")
+    ap.add_argument("--coupled", action="store_true",
+                    help="coupled verification: the text equals target-only sampling with the same --seed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eos-id", type=_int_at_least(0), default=None, help="end-of-text id (default: the model's)")
     ap.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-text")
@@ -187,10 +211,19 @@ def progress_bar(total: int, enabled: bool):
     return bar, update
 
 
+def _filters(args) -> dict:
+    """generate()'s top_k / top_p / min_p keyword arguments from the flags."""
+    return dict(top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
+
+
+def _mode(args) -> str:
+    return "coupled" if args.coupled else "exact"
+
+
 def _timed(engine, ids, args, eos, progress=None):
     t0 = time.perf_counter()
     out = engine.generate(ids, args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                          eos_token_id=eos, progress=progress)
+                          eos_token_id=eos, progress=progress, **_filters(args))
     return out, time.perf_counter() - t0
 
 
@@ -209,9 +242,11 @@ def run(args, cfg: dict) -> int:
     server = metrics.serve(args.metrics_port) if metrics else None
     engine = SpeculativeEngine(target, None if args.drafter == "ngram" else draft, k=args.k,
                                adaptive_k=False if args.fixed_k else args.adaptive, metrics=metrics,
-                               drafter="auto" if args.drafter == "ngram" else args.drafter, max_ngram=args.max_ngram)
+                               drafter="auto" if args.drafter == "ngram" else args.drafter, max_ngram=args.max_ngram,
+                               verify_mode=_mode(args))
     ids = torch.tensor([prompt_ids], dtype=torch.int64)
-    engine.generate(ids, min(4, args.max_new_tokens), temperature=args.temperature, seed=args.seed)  # warm-up
+    engine.generate(ids, min(4, args.max_new_tokens), temperature=args.temperature, seed=args.seed,
+                    **_filters(args))  # warm-up
     bar, update = progress_bar(args.max_new_tokens, not args.no_progress and args.max_new_tokens >= 32)
     out, elapsed = _timed(engine, ids, args, eos, update)
     if bar is not None:
@@ -220,7 +255,8 @@ def run(args, cfg: dict) -> int:
     tok_s = st.tokens_generated / elapsed if elapsed > 0 else 0.0
     speed = ""
     if not args.no_baseline:
-        base, base_s = _timed(SpeculativeEngine(target, None, k=0, adaptive_k=False), ids, args, eos)
+        base, base_s = _timed(SpeculativeEngine(target, None, k=0, adaptive_k=False, verify_mode=_mode(args)), ids,
+                              args, eos)
         base_tok_s = base.stats[0].tokens_generated / base_s if base_s > 0 else 0.0
         ratio = f"{tok_s / base_tok_s:.2f}x" if base_tok_s > 0 else "n/a (no tokens)"
         speed = f" | target-only {base_tok_s:.1f} tokens/s -> speedup {ratio}"

@@ -7,10 +7,17 @@ and the two costs from measured step times, and picks the K in [0, k_max] that
 maximises expected tokens per second (K = 0: plain decoding, when drafting does not
 pay). :class:`ThresholdPolicy` is the simple rule (alpha below 40% -> K = 2, back up when
 it recovers); :class:`FixedK` never changes.
+
+The engine chooses K per row (:class:`PerRowK`): each row runs its own policy on its own
+acceptance estimate, as if it were decoded alone. The step drafts to the largest of these
+K and verify tests each row's own K (``num_drafts``). Drafts past a row's K are computed
+anyway (dense shapes), but a row's text and statistics then depend only on its own
+history, and a row whose draft is poor does not hold back (or get held back by) the
+others' choices.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -162,6 +169,18 @@ class ThresholdPolicy:
         return self.k
 
 
+class PerRowK:
+    """One policy object per row (so probe counters and hysteresis are per row), each
+    choosing its row's K from that row's acceptance estimate alone."""
+
+    def __init__(self, kind: str, k: int, num_rows: int):
+        self.policies = [make_policy(kind, k) for _ in range(num_rows)]
+
+    def choose(self, alphas: Dict[int, float], costs: StepCosts) -> Dict[int, int]:
+        """alphas {row: estimate} of the active rows -> {row: K in [0, k]}."""
+        return {b: self.policies[b].choose([a], costs) for b, a in alphas.items()}
+
+
 def make_policy(kind: str, k: int, k_max: Optional[int] = None):
     """'fixed' | 'cost' | 'threshold' -> policy object."""
     k_max = k if k_max is None else k_max
@@ -174,5 +193,5 @@ def make_policy(kind: str, k: int, k_max: Optional[int] = None):
     raise ValueError(f"adaptive policy must be 'fixed', 'cost' or 'threshold', got {kind!r}")
 
 
-__all__: List[str] = ["AcceptanceEstimator", "CostModelPolicy", "FixedK", "StepCosts", "ThresholdPolicy",
+__all__: List[str] = ["AcceptanceEstimator", "CostModelPolicy", "FixedK", "PerRowK", "StepCosts", "ThresholdPolicy",
                       "expected_tokens", "hinted_costs", "make_policy", "predicted_speedup"]

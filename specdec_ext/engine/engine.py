@@ -17,25 +17,36 @@ acceptance counts need no padding inside the caches. Rows stop independently and
 emit a token past EOS or max_new_tokens; a finished row keeps running in the batch (its
 results are ignored and its caches are not advanced).
 
-Randomness and K: every draw is keyed by :class:`.rng_keys.StepKeys`. With a ``seed`` the
-run is reproducible: adaptive K then uses a frozen cost model (the models' parameter
-counts, see :func:`.adaptive_k.hinted_costs`) instead of measured timings. At T > 0 a
-different K (or draft) gives a different, equally exact, text.
+K per row: each active row chooses its own K (:class:`.adaptive_k.PerRowK`); the step
+drafts to the largest and verify's ``num_drafts`` tells it each row's K. Finished rows get
+K = 0 and are not counted in stats or metrics.
+
+Sampling: temperature and the top-k / top-p / min-p filters (numbers or per-row tensors)
+go to both the draft's :func:`specdec_ext.sample` (so ``draft_probs`` is the filtered q)
+and :func:`specdec_ext.verify` (which tests against the filtered p'): the output follows
+the filtered target law exactly.
+
+Randomness and K: every draw is keyed by :class:`.rng_keys.StepKeys` (that module documents
+seeds and offsets). With a ``seed`` the run is reproducible: adaptive K then uses a frozen
+cost model (the models' parameter counts, see :func:`.adaptive_k.hinted_costs`) instead of
+measured timings. In ``verify_mode="exact"`` a different K (or draft) gives a different,
+equally exact, text at T > 0; in ``verify_mode="coupled"`` the text is target-only sampling
+with the same seed, whatever K and the draft.
 """
 from __future__ import annotations
 
 import copy
 import time
-from typing import Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import torch
 
 from .._validate import check_int
 from ..errors import CacheFullError, OutOfBlocksError
 from ..models.base import adapt
-from .adaptive_k import StepCosts, hinted_costs, make_policy
+from .adaptive_k import PerRowK, StepCosts, hinted_costs
 from .commit import commit_step
-from .inputs import check_eos, check_prompts, check_seed, check_temperature_rows
+from .inputs import SamplingArgs, check_eos, check_filters, check_prompts, check_seed, check_temperature_rows
 from .metrics import SpecDecMetrics
 from .outputs import GenerationOutput
 from .ngram import NgramIndex
@@ -49,6 +60,7 @@ __all__ = ["SpeculativeEngine"]
 
 _POLICIES = {True: "cost", False: "fixed", "cost": "cost", "fixed": "fixed", "threshold": "threshold"}
 _DRAFTERS = ("auto", "model", "ngram", "hybrid")
+_VERIFY_MODES = ("exact", "coupled")
 
 
 def _drafter(draft, drafter: str):
@@ -80,9 +92,9 @@ class SpeculativeEngine:
     k : int >= 0
         Drafts per step (the maximum when adaptive). 0 = plain decoding with the target.
     adaptive_k : bool | 'fixed' | 'cost' | 'threshold'
-        False/'fixed': always k. True/'cost': per-request acceptance estimates and a cost
-        model choose K in [0, k] to maximise expected tokens per second. 'threshold':
-        alpha below 40% -> K = 2, back to k when it recovers.
+        False/'fixed': always k. True/'cost': each row's acceptance estimate and a cost
+        model choose that row's K in [0, k] to maximise its expected tokens per second.
+        'threshold': a row's alpha below 40% -> K = 2, back to k when it recovers.
     metrics : SpecDecMetrics, optional
         Prometheus metrics to update each step.
     pad_token_id : int, optional
@@ -98,12 +110,23 @@ class SpeculativeEngine:
         the draft model for the others; a step where every row has a match skips the draft
         model. n-gram drafts are deterministic: verify sees one-hot q and stays exact.
     max_ngram : int >= 1, the longest suffix matched by n-gram drafting
+    verify_mode : 'exact' | 'coupled'
+        'exact': Leviathan's ratio test (the draft's q is used; highest acceptance when q
+        is a good approximation of p). 'coupled': every token is keyed by (the row's seed,
+        its position) and a draft is accepted iff it equals the target's own sample there
+        (:mod:`.rng_keys`), so the text equals target-only sampling (k = 0) with the same
+        seed, token for token, whatever K, the draft or (with per-row seeds) the batch.
+        Both emit tokens that follow the (filtered) target law exactly.
     """
 
     def __init__(self, target, draft=None, k: int = 5, adaptive_k: Union[bool, str] = True,
                  metrics: Optional[SpecDecMetrics] = None, pad_token_id: Optional[int] = None,
-                 step_costs: Optional[StepCosts] = None, drafter: str = "auto", max_ngram: int = 3):
+                 step_costs: Optional[StepCosts] = None, drafter: str = "auto", max_ngram: int = 3,
+                 verify_mode: str = "exact"):
         self.k_max = check_int("k", k, 0)
+        if not isinstance(verify_mode, str) or verify_mode not in _VERIFY_MODES:
+            raise ValueError(f"verify_mode must be one of {_VERIFY_MODES}, got {verify_mode!r}")
+        self.verify_mode = verify_mode
         self.max_ngram = check_int("max_ngram", max_ngram, 1)
         draft, self.drafter = _drafter(draft, drafter)
         if not isinstance(adaptive_k, (bool, str)) or adaptive_k not in _POLICIES:
@@ -135,13 +158,23 @@ class SpeculativeEngine:
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: Union[float, torch.Tensor] = 0.0,
                  seed: Optional[int] = None, eos_token_id: Union[int, Sequence[int], None] = None,
                  attention_mask: Optional[torch.Tensor] = None, debug_sync: bool = False,
-                 progress=None) -> GenerationOutput:
+                 progress=None, *, top_k: Union[int, torch.Tensor, None] = None,
+                 top_p: Union[float, torch.Tensor, None] = None,
+                 min_p: Union[float, torch.Tensor, None] = None) -> GenerationOutput:
         """Generate up to ``max_new_tokens`` tokens per row.
 
         input_ids      : Tensor [B, T] int64 (a [T] tensor is one row). Padded rows need
                          ``attention_mask`` [B, T] of 0/1 (1 = token; left or right padding).
-        temperature    : float >= 0 or Tensor [B]; 0 = greedy.
-        seed           : int for a reproducible run (None: drawn from torch's generator).
+        temperature    : float >= 0 or Tensor [B] float; 0 = greedy (filters then ignored).
+        top_k          : None, int >= 0 or Tensor [B] int (0 = off): keep the tokens whose
+                         logit is >= the k-th largest.
+        top_p          : None, float in (0, 1] or Tensor [B] float (1 = off): nucleus.
+        min_p          : None, float in [0, 1) or Tensor [B] float (0 = off): keep v iff
+                         p(v) >= min_p * max p. The filters apply in Hugging Face's warper
+                         order (temperature, top-k, top-p, min-p; see :func:`specdec_ext.verify`).
+        seed           : None (drawn from torch's generator), an int, or Tensor [B] int64 of
+                         per-row seeds (a row's randomness then does not depend on its batch;
+                         see :mod:`.rng_keys`).
         eos_token_id   : int or ints; a row stops after emitting one (it is emitted).
         debug_sync     : CUDA only: run every phase under torch.cuda.set_sync_debug_mode
                          ("error") (the one per-step device->host copy excepted).
@@ -153,7 +186,8 @@ class SpeculativeEngine:
         :class:`~specdec_ext.errors.ModelOutputError` when a model's logits are unusable.
         """
         t_start = time.perf_counter()
-        run = self._start(input_ids, max_new_tokens, temperature, seed, eos_token_id, attention_mask)
+        run = self._start(input_ids, max_new_tokens, temperature, seed, eos_token_id, attention_mask,
+                          dict(top_k=top_k, top_p=top_p, min_p=min_p))
         sync = SyncDebug(debug_sync and self.device.type == "cuda")
         while any(run.active):
             self._step(run, sync)
@@ -162,27 +196,27 @@ class SpeculativeEngine:
         return run.output(t_start)
 
     # ------------------------------------------------------------------ phases of a run
-    def _start(self, input_ids, max_new_tokens, temperature, seed, eos_token_id, attention_mask) -> Run:
+    def _start(self, input_ids, max_new_tokens, temperature, seed, eos_token_id, attention_mask, filters) -> Run:
         """Check the arguments, size and prefill both caches; the run's initial state."""
         V = self.target.vocab_size
         ids, prompts = check_prompts(input_ids, attention_mask, V)
+        B = len(prompts)
         max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
-        temps = check_temperature_rows(temperature, len(prompts))
-        eos, seed = check_eos(eos_token_id, V), check_seed(seed)
-        if self.step_costs is not None:
-            costs = copy.deepcopy(self.step_costs)
-        elif self.draft is None:  # n-gram drafting costs about nothing
-            costs = StepCosts(draft_guess=0.0, target_guess=1.0, frozen=True)
-        elif seed is not None:  # reproducible: K must not follow measured timings
-            costs = hinted_costs(self.target.step_cost_hint, self.draft.step_cost_hint) or StepCosts(frozen=True)
-        else:  # measured over a warm-up, then frozen: K does not follow timing noise
-            costs = StepCosts(freeze_after=16)
-        seed = int(torch.randint(0, 2**62, ()).item()) if seed is None else seed  # CPU generator: no sync
+        temps = check_temperature_rows(temperature, B)
+        filters = check_filters(B, **filters)
+        eos, seed = check_eos(eos_token_id, V), check_seed(seed, B)
+        costs = self._costs(seed is not None)
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, ()).item())  # CPU generator: no sync
+        sampling = SamplingArgs(self._to_device(temps), {n: self._to_device(v) if isinstance(v, torch.Tensor) else v
+                                                         for n, v in filters.items()},
+                                self._to_device(seed) if isinstance(seed, torch.Tensor) else seed)
         pad = self.pad_token_id if self.pad_token_id is not None else (min(eos) if eos else 0)
-        run = Run(ids, prompts, max_new_tokens, eos, pad, self._to_device(temps), bool((temps == 0).all()), seed,
-                  StepKeys(self.k_max), make_policy(self.policy_kind, self.k_max), costs,
+        run = Run(ids, prompts, max_new_tokens, eos, pad, sampling, bool((temps == 0).all()),
+                  StepKeys(self.k_max, self.verify_mode == "coupled"), PerRowK(self.policy_kind, self.k_max, B), costs,
                   self._to_device(torch.tensor([p[-1] for p in prompts], dtype=torch.int64)))
         run.draft_model = self.draft is not None
+        self._set_positions(run)
         if self.drafter != "model":
             run.ngram = [NgramIndex(self.max_ngram) for _ in prompts]
             for index, p in zip(run.ngram, prompts):
@@ -191,12 +225,27 @@ class SpeculativeEngine:
             run.cache_len = self._prepare_caches(prompts, max_new_tokens)
         return run
 
+    def _costs(self, seeded: bool) -> StepCosts:
+        """The cost model adaptive K starts from (see the ``step_costs`` parameter)."""
+        if self.step_costs is not None:
+            return copy.deepcopy(self.step_costs)
+        if self.draft is None:  # n-gram drafting costs about nothing
+            return StepCosts(draft_guess=0.0, target_guess=1.0, frozen=True)
+        if seeded:  # reproducible: K must not follow measured timings
+            return hinted_costs(self.target.step_cost_hint, self.draft.step_cost_hint) or StepCosts(frozen=True)
+        return StepCosts(freeze_after=16)  # measured over a warm-up, then frozen: K does not follow timing noise
+
+    def _set_positions(self, run: Run) -> None:
+        """Coupled mode: each row's next position, on the device (the key of its samples)."""
+        if run.keys.coupled:
+            run.positions = self._to_device(torch.tensor(run.next_positions(), dtype=torch.int64))
+
     def _prepare_caches(self, prompts, max_new_tokens: int) -> int:
         """Reset both models for the batch and check, before any forward, that each row fits.
         A row needs its prompt plus max_new_tokens - 1 positions (the last emitted token is
         never fed, and K is clipped to the budget left). A finished row keeps running in the
         batch, so the caches get k + 1 positions of slack where the models allow (K is
-        clipped to the room left, see :meth:`Run.choose_k`). Returns the cache length."""
+        clipped to the room left, see :meth:`Run.choose_ks`). Returns the cache length."""
         need = [len(p) + max_new_tokens - 1 for p in prompts]
         caps = [m.max_positions for _, m in self.models if m.max_positions is not None]
         cache_len = min([max(need) + self.k_max + 1] + caps)
@@ -217,47 +266,55 @@ class SpeculativeEngine:
     def _step(self, run: Run, sync: SyncDebug) -> None:
         """One draft -> score -> verify -> commit -> rollback step of the whole batch."""
         t0 = time.perf_counter()
-        k = run.choose_k()
         timer = make_timer(self.device)
         with sync:
             timer.mark()
-            k, draft_ids, draft_probs, how = self._draft(run, k)
+            ks, draft_ids, draft_probs, how = self._draft(run, run.choose_ks())
+            k = draft_ids.shape[1]
             timer.mark()
             logits = score_phase(self.target, run.last, draft_ids)
             timer.mark()
-            packed = verify_phase(logits, draft_ids, draft_probs, run.temps, run.seed, run.keys.verify(run.step))
+            num_drafts = None if all(kb == k for kb in ks) else self._to_device(torch.tensor(ks, dtype=torch.int64))
+            offset = run.keys.verify(run.step, run.positions)
+            packed = verify_phase(logits, draft_ids, draft_probs, run.sampling, offset, num_drafts, run.keys.mode)
             timer.mark()
         rows = packed.cpu().tolist()  # the step's ONE device -> host copy
         check_rows(rows, k, run.active, run.step)
         n_pending = [len(p) for p in run.pending]
         commits = commit_step(rows, k, run.active, run.pending, [len(g) for g in run.generated],
-                              run.max_new_tokens, run.eos, how)
+                              run.max_new_tokens, run.eos, how, ks)
         drop_entries(self.target, [k + 1 - (c.kept_target if c else 0) for c in commits])
         if k > 0 and how[0] != "idle":  # the draft model appended its pending tokens and d_1..d_(K-1)
             drop_entries(self.draft, [n + k - 1 - (c.kept_draft if c else 0) for n, c in zip(n_pending, commits)])
         run.apply(commits, k)
         run.last = self._to_device(torch.tensor(run.last_tokens(), dtype=torch.int64))
+        self._set_positions(run)
         self._account(run, k, commits, timer.read(), time.perf_counter() - t0)
 
-    def _draft(self, run: Run, k: int):
-        """(K, draft_ids [B, K], draft_probs [B, K, V] or None, what the draft model did per
-        row). n-gram proposals where the drafter uses them: a step where every active row has
-        one runs without the draft model (K = the longest proposal, at most k); otherwise the
-        draft model drafts and the rows with a proposal take it instead (q one-hot there)."""
-        B = len(run.prompts)
-        props = [run.ngram[b].propose(k) if run.ngram is not None and run.active[b] else [] for b in range(B)]
-        if self.draft is None or (self.drafter == "hybrid" and all(props[b] for b in range(B) if run.active[b])):
-            k = min(k, max(len(p) for p in props))
-            return k, ngram_drafts(props, k, self._to_device), None, ["idle"] * B
-        draft_ids, draft_probs = draft_phase(self.draft, run.pending, k, run.temps, run.seed, run.keys, run.step,
-                                             not run.greedy, self._to_device)
+    def _draft(self, run: Run, ks: List[int]):
+        """(each row's K, draft_ids [B, K], draft_probs [B, K, V] or None, what the draft model
+        did per row), K = the step's largest row K. n-gram proposals where the drafter uses
+        them: a step where every row that drafts has one runs without the draft model (a row
+        tests only its proposal); otherwise the draft model drafts and the rows with a
+        proposal take it instead (q one-hot there, the row tests only its proposal)."""
+        B = len(ks)
+        props = [run.ngram[b].propose(ks[b]) if run.ngram is not None and run.active[b] else [] for b in range(B)]
+        if self.draft is None or (self.drafter == "hybrid" and all(props[b] for b in range(B) if ks[b])):
+            ks = [min(kb, len(p)) for kb, p in zip(ks, props)]
+            return ks, ngram_drafts(props, max(ks), self._to_device), None, ["idle"] * B
+        k = max(ks)
+        want_probs = not run.greedy and not run.keys.coupled  # coupled verify does not read q
+        draft_ids, draft_probs = draft_phase(self.draft, run.pending, k, run.sampling, run.keys, run.step,
+                                             run.positions, want_probs, self._to_device)
         rows = [b for b in range(B) if props[b]] if k > 0 else []
         draft_ids, draft_probs = override_drafts(draft_ids, draft_probs, props, rows, self._to_device)
+        ks = [min(ks[b], len(props[b])) if b in rows else ks[b] for b in range(B)]
         how = ["idle" if k == 0 else ("overridden" if b in rows else "drafted") for b in range(B)]
-        return k, draft_ids, draft_probs, how
+        return ks, draft_ids, draft_probs, how
 
     def _account(self, run: Run, k: int, commits, phases, step_s: float) -> None:
-        """Phase times, the cost model's measurements and the metrics of one step."""
+        """Phase times, the cost model's measurements and the metrics of one step (K: the
+        step's largest row K; the metrics count each active row's own K)."""
         draft_s, target_s, verify_s = phases
         p = run.phase
         p.draft, p.target, p.verify = p.draft + draft_s, p.target + target_s, p.verify + verify_s
@@ -267,7 +324,7 @@ class SpeculativeEngine:
         run.costs.add_target(k + 1, target_s)
         if self.metrics is not None:
             done = [c for c in commits if c is not None]
-            self.metrics.record_step(k, k * len(done), sum(c.accepted for c in done),
+            self.metrics.record_step(k, sum(c.tested for c in done), sum(c.accepted for c in done),
                                      sum(len(c.emitted) for c in done),
                                      [sum(c.accepted > i for c in done) for i in range(k)], draft_s, target_s, verify_s)
 

@@ -2,13 +2,39 @@
 from __future__ import annotations
 
 import numbers
-from typing import FrozenSet, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, List, Tuple, Union
 
 import torch
 
-from .._validate import check_int, valid_temperatures
+from .._validate import check_filter, check_int, valid_temperatures
 
-__all__ = ["check_eos", "check_prompts", "check_seed", "check_temperature_rows"]
+__all__ = ["FILTER_NAMES", "SamplingArgs", "check_eos", "check_filter_rows", "check_filters", "check_prompts",
+           "check_seed", "check_temperature_rows"]
+
+#: the sampling filters generate() passes on to sample / verify, in Hugging Face's warper order
+FILTER_NAMES = ("top_k", "top_p", "min_p")
+_FILTER_DTYPE = {"top_k": torch.int64, "top_p": torch.float32, "min_p": torch.float32}
+
+
+@dataclass(frozen=True)
+class SamplingArgs:
+    """What every ``sample`` / ``verify`` call of a run gets besides logits and offsets,
+    already checked and on the device.
+
+    temperature : Tensor [B] float32 (0 = greedy row)
+    filters     : {"top_k": None | int | Tensor [B] int64, "top_p" / "min_p": None | float |
+                  Tensor [B] float32}
+    seed        : int (the ops mix the row index in) or Tensor [B] int64 (per-row seeds)
+    """
+
+    temperature: torch.Tensor
+    filters: Dict[str, Union[None, int, float, torch.Tensor]]
+    seed: Union[int, torch.Tensor]
+
+    def kwargs(self) -> dict:
+        """The keyword arguments of sample / verify: top_k, top_p, min_p and seed."""
+        return dict(self.filters, seed=self.seed)
 
 
 def check_prompts(input_ids, attention_mask, vocab_size: int) -> Tuple[torch.Tensor, List[List[int]]]:
@@ -73,6 +99,40 @@ def check_eos(eos_token_id, vocab_size: int) -> FrozenSet[int]:
     return frozenset(check_int("eos_token_id", e, 0, vocab_size - 1) for e in ids)
 
 
-def check_seed(seed) -> Optional[int]:
-    """None or an int that fits 64 bits."""
-    return None if seed is None else check_int("seed", seed, -(2**63), 2**64 - 1)
+def check_seed(seed, B: int) -> Union[None, int, torch.Tensor]:
+    """None, an int that fits 64 bits, or a tensor [B] int64 of per-row seeds (returned as
+    an int64 [B] CPU tensor; a seed is any 64-bit pattern)."""
+    if not isinstance(seed, torch.Tensor):
+        return None if seed is None else check_int("seed", seed, -(2**63), 2**64 - 1)
+    if seed.dtype != torch.int64:
+        raise TypeError(f"seed must be None, an int or an int64 tensor [B] of per-row seeds, got a {seed.dtype} tensor")
+    if tuple(seed.shape) != (B,):
+        raise ValueError(f"seed must be an int or a tensor [B] = [{B}] of per-row seeds, got shape {tuple(seed.shape)}")
+    return seed.detach().cpu().clone()
+
+
+def check_filter_rows(name: str, value, B: int) -> Union[None, int, float, torch.Tensor]:
+    """One sampling filter of generate() (``name`` in :data:`FILTER_NAMES`), checked by the
+    kernels' rule (:func:`specdec_ext._validate.check_filter`): None, a Python number
+    (returned as the kernels see it), or a tensor [B] (int for top_k, float for top_p /
+    min_p; returned as an int64 / float32 [B] CPU tensor, every value checked)."""
+    if not isinstance(value, torch.Tensor):
+        return None if value is None else check_filter(name, value)
+    if tuple(value.shape) != (B,):
+        raise ValueError(f"{name} must be a number or a tensor [B] = [{B}], got shape {tuple(value.shape)}")
+    want_int = name == "top_k"
+    if value.dtype == torch.bool or value.dtype.is_floating_point == want_int or value.dtype.is_complex:
+        kind = "an integer" if want_int else "a floating"
+        raise TypeError(f"{name} must be {kind} tensor [B], got {value.dtype}")
+    rows = value.detach().cpu()
+    for b, v in enumerate(rows.tolist()):
+        try:
+            check_filter(name, v)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{e} (at row {b} of the tensor)") from None
+    return rows.to(_FILTER_DTYPE[name]).clone()
+
+
+def check_filters(B: int, **filters) -> Dict[str, Union[None, int, float, torch.Tensor]]:
+    """{name: :func:`check_filter_rows`} for the filters of :data:`FILTER_NAMES`."""
+    return {name: check_filter_rows(name, filters[name], B) for name in FILTER_NAMES}

@@ -11,7 +11,7 @@ SpecDecMetrics has a registry of its own.
 | metric | type | meaning |
 |---|---|---|
 | speculative_tokens_generated_total | counter | tokens emitted |
-| speculative_tokens_drafted_total | counter | draft tokens proposed (K per active row and step) |
+| speculative_tokens_drafted_total | counter | draft tokens tested (each active row's own K, per step) |
 | speculative_tokens_accepted_total | counter | draft tokens accepted by verify |
 | speculative_tokens_accepted_per_position_total{position} | counter | acceptances at draft position i (0-based) |
 | speculative_steps_total | counter | engine steps (draft + verify rounds) |
@@ -19,7 +19,7 @@ SpecDecMetrics has a registry of its own.
 | speculative_target_latency_seconds | histogram | target forward per step |
 | speculative_verify_latency_seconds | histogram | verify op per step |
 | speculative_acceptance_rate | gauge | accepted / drafted over the last step |
-| speculative_current_k | gauge | K used in the last step |
+| speculative_current_k | gauge | K of the last step (the largest row K; rows test their own) |
 """
 from __future__ import annotations
 

@@ -13,10 +13,11 @@ import torch
 from ..errors import ModelOutputError
 from ..models.base import SpecModel
 from ..ops.sampling import sample, verify
+from .inputs import SamplingArgs
 from .rng_keys import StepKeys
 
-__all__ = ["check_rows", "draft_phase", "drop_entries", "ngram_drafts", "override_drafts", "padded_ids", "prefill",
-           "score_phase", "verify_phase"]
+__all__ = ["catch_up", "check_rows", "draft_phase", "drop_entries", "ngram_drafts", "override_drafts", "padded_ids",
+           "prefill", "score_phase", "verify_phase"]
 
 ToDevice = Callable[[torch.Tensor], torch.Tensor]
 
@@ -46,28 +47,51 @@ def prefill(model: SpecModel, prompts: Sequence[Sequence[int]], to_device: ToDev
         drop_entries(model, [width - len(h) for h in heads])
 
 
-def draft_phase(draft: SpecModel, pending: Sequence[Sequence[int]], k: int, temps: torch.Tensor, seed: int,
-                keys: StepKeys, step: int, want_probs: bool,
+def catch_up(model: SpecModel, pending: Sequence[Sequence[int]], chunk: int, to_device: ToDevice) -> torch.Tensor:
+    """Feed each row's pending tokens (right-padded, the pads dropped again) in forwards of
+    at most ``chunk`` columns, so that a row never holds more than its caught-up length +
+    ``chunk`` entries, however many tokens another row has pending (they pile up while
+    every row has K = 0). The engine uses chunk = k_max: a finished row holds at most its
+    text, and the caches have k_max positions of slack past it. Returns the logits [B, V]
+    at each row's last pending token (one forward in the usual case, where no row has more
+    than ``chunk`` pending)."""
+    counts = [len(p) for p in pending]
+    out = None
+    for start in range(0, max(counts), chunk):
+        part = [p[start:start + chunk] for p in pending]
+        logits = model.forward(to_device(padded_ids(part)))  # [B, width <= chunk, V]
+        drop_entries(model, [logits.shape[1] - len(p) for p in part])
+        ends = [b for b, c in enumerate(counts) if start < c <= start + chunk]  # last pending token is here
+        rows = to_device(torch.tensor(ends, dtype=torch.int64))
+        cols = to_device(torch.tensor([counts[b] - 1 - start for b in ends], dtype=torch.int64))
+        if out is None and len(ends) == len(counts):
+            return logits[rows, cols]
+        out = logits.new_empty(len(counts), logits.shape[-1]) if out is None else out
+        out[rows] = logits[rows, cols]
+    return out
+
+
+def draft_phase(draft: SpecModel, pending: Sequence[Sequence[int]], k: int, sampling: SamplingArgs,
+                keys: StepKeys, step: int, positions: Optional[torch.Tensor], want_probs: bool,
                 to_device: ToDevice) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """K draft tokens per row: the draft catches up on its pending tokens, then samples K
-    tokens (K - 1 more single-token forwards), each with :func:`sample` writing the draft
-    law in place (no host sync).
+    tokens (K - 1 more single-token forwards), each with :func:`sample` (the run's
+    temperature, filters and seed; offsets from ``keys``, ``positions`` [B] int64 in coupled
+    mode) writing the filtered draft law in place (no host sync).
 
     Returns draft_ids int64 [B, K] on the device (-1 where the draft's logits were unusable)
-    and, when ``want_probs``, draft_probs float32 [B, K, V] (else None: greedy rows only).
+    and, when ``want_probs``, draft_probs float32 [B, K, V] (else None: greedy rows only,
+    or coupled mode, which does not read q).
     """
-    B, dev = len(pending), temps.device
+    B, dev = len(pending), sampling.temperature.device
     draft_ids = torch.empty(B, k, dtype=torch.int64, device=dev)
     if k == 0:
         return draft_ids, None
-    counts = [len(p) for p in pending]
-    logits = draft.forward(to_device(padded_ids(pending)))  # [B, width, V]
-    drop_entries(draft, [logits.shape[1] - c for c in counts])
-    last = to_device(torch.tensor(counts, dtype=torch.int64) - 1)
-    logits = logits[torch.arange(B, device=dev), last]  # [B, V]: each row's last pending token
+    logits = catch_up(draft, pending, keys.k_max, to_device)
     probs = torch.empty(B, k, logits.shape[-1], dtype=torch.float32, device=dev) if want_probs else None
     for i in range(k):
-        draft_ids[:, i] = sample(logits, temps, seed=seed, offset=keys.draft(step, i),
+        offset = keys.draft(step, i, positions)
+        draft_ids[:, i] = sample(logits, sampling.temperature, **sampling.kwargs(), offset=offset,
                                  probs_out=None if probs is None else probs[:, i])
         if i + 1 < k:  # an invalid row (-1) feeds token 0 on; verify marks the row invalid anyway
             logits = draft.forward(draft_ids[:, i:i + 1].clamp(min=0))[:, 0]
@@ -103,10 +127,13 @@ def score_phase(target: SpecModel, last: torch.Tensor, draft_ids: torch.Tensor) 
 
 
 def verify_phase(target_logits: torch.Tensor, draft_ids: torch.Tensor, draft_probs: Optional[torch.Tensor],
-                 temps: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
-    """:func:`verify`, packed for the step's one device-to-host copy: int64 [B, K+4] =
-    tokens [K+1], num_accepted, valid, draft_ok (the draft gave every row a usable token)."""
-    res = verify(target_logits, draft_ids, draft_probs, temps, seed=seed, offset=offset)
+                 sampling: SamplingArgs, offset, num_drafts: Optional[torch.Tensor], mode: str) -> torch.Tensor:
+    """:func:`verify` (the run's temperature, filters and seed; ``offset`` an int or int64
+    [B]; ``num_drafts`` int64 [B] on the device, None = K for every row; ``mode`` "exact" |
+    "coupled"), packed for the step's one device-to-host copy: int64 [B, K+4] = tokens
+    [K+1], num_accepted, valid, draft_ok (the draft gave every row a usable token)."""
+    res = verify(target_logits, draft_ids, draft_probs, sampling.temperature, **sampling.kwargs(), offset=offset,
+                 num_drafts=num_drafts, mode=mode)
     draft_ok = (draft_ids >= 0).all(dim=1) if draft_ids.shape[1] else torch.ones_like(res.valid)
     return torch.cat([res.tokens, res.num_accepted.view(-1, 1), res.valid.view(-1, 1).long(),
                       draft_ok.view(-1, 1).long()], dim=1)

@@ -7,8 +7,9 @@ from typing import AbstractSet, List, Optional
 
 import torch
 
-from .adaptive_k import AcceptanceEstimator, StepCosts
+from .adaptive_k import AcceptanceEstimator, PerRowK, StepCosts
 from .commit import RowCommit
+from .inputs import SamplingArgs
 from .ngram import NgramIndex
 from .outputs import GenerationOutput, PhaseTimes, RowStats
 from .rng_keys import StepKeys
@@ -26,13 +27,13 @@ class Run:
     max_new_tokens: int
     eos: AbstractSet[int]
     pad: int
-    temps: torch.Tensor               # [B] float32 on the device
+    sampling: SamplingArgs            # temperature, filters and seed(s) of every sample / verify call
     greedy: bool                      # every row has temperature 0
-    seed: int
     keys: StepKeys
-    policy: object
+    policy: PerRowK
     costs: StepCosts
     last: torch.Tensor                # [B] int64 on the device: the last committed token
+    positions: Optional[torch.Tensor] = None  # [B] int64 on the device (coupled mode): next token's position
     cache_len: int = 0                # positions each model's cache holds per row
     ngram: Optional[List[NgramIndex]] = None  # per-row prompt-lookup index (n-gram / hybrid drafting)
     draft_model: bool = True          # a draft model runs (else ``pending`` is not tracked: nothing reads it)
@@ -53,20 +54,21 @@ class Run:
         self.stats = [RowStats() for _ in range(B)]
         self.alpha = AcceptanceEstimator(B)
 
-    def choose_k(self) -> int:
-        """The policy's K, clipped so that no active row drafts past its token budget (a
-        step emits at most K + 1 tokens) and every row, finished ones included (they still
-        run in the batch), can take the step's K + 1 entries: the target holds prompt - 1 +
-        generated entries of a row, the draft never more."""
+    def choose_ks(self) -> List[int]:
+        """Each row's K for this step (0 for a finished row): its own policy's choice from its
+        own acceptance estimate, clipped so that the row does not draft past its token budget
+        (a step emits at most K + 1 tokens) and so that every row, finished ones included
+        (they still run in the batch), can take the step's max K + 1 entries: the target
+        holds prompt - 1 + generated entries of a row, the draft never more."""
         B = len(self.prompts)
-        rows = [b for b in range(B) if self.active[b]]
-        k = self.policy.choose([self.alpha.alpha(b) for b in rows], self.costs)
-        budget = [self.max_new_tokens - len(self.generated[b]) - 1 for b in rows]
-        room = [self.cache_len - len(self.prompts[b]) - len(self.generated[b]) for b in range(B)]
-        return max(0, min([k] + budget + room))
+        chosen = self.policy.choose({b: self.alpha.alpha(b) for b in range(B) if self.active[b]}, self.costs)
+        room = min(self.cache_len - len(p) - len(g) for p, g in zip(self.prompts, self.generated))
+        return [max(0, min(chosen[b], self.max_new_tokens - len(self.generated[b]) - 1, room)) if b in chosen else 0
+                for b in range(B)]
 
     def apply(self, commits: List[Optional[RowCommit]], k: int) -> None:
-        """Record the step's commits (rows of None are finished rows)."""
+        """Record the step's commits (rows of None are finished rows); ``k``: the step's K
+        (the largest row K), each row's stats count the drafts it tested."""
         for b, c in enumerate(commits):
             if c is None:
                 continue
@@ -76,14 +78,19 @@ class Run:
             if self.draft_model:
                 self.pending[b] = c.draft_pending
             self.active[b] = not c.done
-            self.stats[b].record(k, c.accepted, len(c.emitted))
-            self.alpha.update(b, k, c.accepted)
+            self.stats[b].record(c.tested, c.accepted, len(c.emitted))
+            self.alpha.update(b, c.tested, c.accepted)
         self.step += 1
         self.draft_steps += k
 
     def last_tokens(self) -> List[int]:
         """Each row's last committed token (the prompt's last one before it emits)."""
         return [g[-1] if g else p[-1] for g, p in zip(self.generated, self.prompts)]
+
+    def next_positions(self) -> List[int]:
+        """Each row's absolute position of the next token it emits (its prompt, unpadded,
+        plus what it generated): the key of coupled sampling (:mod:`.rng_keys`)."""
+        return [len(p) + len(g) for p, g in zip(self.prompts, self.generated)]
 
     def tokens_done(self) -> int:
         return sum(len(g) for g in self.generated)
