@@ -147,13 +147,13 @@ SPECDEC_HD float max_cutoff(float a, float b) { return a > b ? a : b; }
 // ---------------------------------------------------------------------------
 // Scalar reference: the cutoff of one row position over a float array (row [V],
 // finite max m, usable inverse temperature inv_t). The kernels compute the same
-// passes (CPU: over a compacted bucket; CUDA: block-wide histograms) and get the
-// same cutoff: every decision depends only on integer counts / sums.
+// passes or equivalent ones (CPU: a one-pass candidate buffer for top-k, a binned
+// pass then radix passes over one bin for top-p; CUDA: block-wide histograms) and
+// get the same cutoff: every decision depends only on float order and integer sums.
 // ---------------------------------------------------------------------------
 inline float filter_cutoff_reference(const float* row, int64_t V, float m, float inv_t, const FilterSpec& f) {
   const float ninf = -std::numeric_limits<float>::infinity();
-  float cut = ninf;
-  uint32_t kcut = 0;  // order_key of the top-k cutoff (0 = below every key)
+  float cut = ninf;  // the top-k cutoff first: top-p runs on the tokens >= it (float order)
   if (f.top_k > 0 && f.top_k < V) {
     RadixState s;
     int64_t k_left = f.top_k;
@@ -165,8 +165,7 @@ inline float filter_cutoff_reference(const float* row, int64_t V, float m, float
       }
       s.descend(topk_digit(count, k_left));
     }
-    kcut = s.prefix;
-    cut = key_to_float(kcut);
+    cut = key_to_float(s.prefix);
   }
   if (f.top_p < 1.0f) {
     RadixState s;
@@ -177,7 +176,7 @@ inline float filter_cutoff_reference(const float* row, int64_t V, float m, float
       uint64_t mass[kRadixBins] = {};
       for (int64_t v = 0; v < V; ++v) {
         const uint32_t key = order_key(row[v]);
-        if (key < kcut || !s.in_bucket(key)) continue;
+        if (row[v] < cut || !s.in_bucket(key)) continue;
         const int d = s.digit(key);
         ++count[d];
         mass[d] += fixed_mass(shifted_exp(row[v], m, inv_t));

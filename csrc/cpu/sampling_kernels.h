@@ -23,6 +23,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <functional>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -51,8 +52,15 @@ constexpr float kNoCut = -std::numeric_limits<float>::infinity();
 // buf; with a filter cutoff (cut > -inf) the logits below it read as -inf (in buf).
 template <typename T>
 inline const float* tile_as_float(const T* row, int64_t v0, int64_t n, float* buf, float cut = kNoCut) {
-  if (cut > kNoCut) {
-    for (int64_t k = 0; k < n; ++k) buf[k] = filtered_logit(static_cast<float>(row[v0 + k]), cut);
+  if (cut > kNoCut) {  // filtered_logit, a vector at a time
+    const float* x = tile_as_float(row, v0, n, buf);
+    const Vec vc(cut), ninf(kNoCut);
+    int64_t k = 0;
+    for (; k + Vec::size() <= n; k += Vec::size()) {
+      const Vec xv = Vec::loadu(x + k);
+      Vec::blendv(ninf, xv, xv >= vc).store(buf + k);
+    }
+    for (; k < n; ++k) buf[k] = filtered_logit(x[k], cut);
     return buf;
   }
   if constexpr (std::is_same_v<T, float>) {
@@ -245,20 +253,43 @@ inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, floa
 // so the cutoff equals the reference's whenever the per-token e values do (the
 // kernel's vectorised exp may differ from std::exp in the last bit).
 
-// The k-th largest of keys[0, n) (n > k >= 1); keys is reordered / overwritten.
-inline uint32_t radix_kth_largest(uint32_t* keys, int64_t n, int64_t k) {
-  RadixState s;
-  while (!s.done()) {
-    uint32_t count[kRadixBins] = {};
-    for (int64_t i = 0; i < n; ++i) ++count[s.digit(keys[i])];
-    const int d = topk_digit(count, k);
-    int64_t m = 0;
-    for (int64_t i = 0; i < n; ++i)
-      if (s.digit(keys[i]) == d) keys[m++] = keys[i];
-    n = m;
-    s.descend(d);
+// Lanes of a vector of logits with x >= bound: a bit mask (lane l -> bit l).
+inline int lanes_at_least(const Vec& x, const Vec& bound) {
+  return ~(x >= bound).zero_mask() & ((1 << Vec::size()) - 1);
+}
+
+// The k-th largest logit of a row (0 < k < V), in ONE vectorised pass: tokens
+// >= a running threshold tau go to a candidate buffer; when it fills, tau rises
+// to the buffer's k-th largest and the buffer keeps only tokens >= tau. Every
+// token >= the final tau is in the buffer, and at least k of them, so its k-th
+// largest is the row's (the value the reference's radix passes find; in float
+// order, where -0 == +0, which is how the cutoff is applied).
+template <typename T>
+inline float kth_largest(const T* row, int64_t V, int64_t k) {
+  thread_local std::vector<float> cand;
+  const size_t cap = static_cast<size_t>(std::max<int64_t>(4 * k, 2048));
+  cand.clear();
+  alignas(64) float buf[kTile];
+  float tau = -std::numeric_limits<float>::infinity();
+  auto shrink = [&] {
+    std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end(), std::greater<float>());
+    tau = cand[k - 1];
+    cand.erase(std::remove_if(cand.begin(), cand.end(), [&](float x) { return x < tau; }), cand.end());
+  };
+  for (int64_t v0 = 0; v0 < V; v0 += kTile) {
+    const int64_t n = std::min(kTile, V - v0);
+    const float* x = tile_as_float(row, v0, n, buf);
+    const Vec vt(tau);
+    int64_t j = 0;
+    for (; j + Vec::size() <= n; j += Vec::size())
+      for (int bits = lanes_at_least(Vec::loadu(x + j), vt); bits; bits &= bits - 1)
+        cand.push_back(x[j + __builtin_ctz(bits)]);
+    for (; j < n; ++j)
+      if (x[j] >= tau) cand.push_back(x[j]);
+    if (cand.size() >= cap) shrink();
   }
-  return s.prefix;
+  shrink();
+  return tau;
 }
 
 // The top-p cutoff key of the items (keys[i], mass[i]), i < n: the smallest key
@@ -295,14 +326,8 @@ inline float filter_cutoff(const T* row, int64_t V, float m, float inv_t, const 
   thread_local std::vector<uint64_t> mass;
   thread_local std::vector<float> ebufs;
   alignas(64) float buf[kTile];
-  float cut = kNoCut;
-  uint32_t kcut = 0;
-  if (f.top_k > 0 && f.top_k < V) {
-    keys.resize(V);
-    for (int64_t v = 0; v < V; ++v) keys[v] = order_key(static_cast<float>(row[v]));
-    kcut = radix_kth_largest(keys.data(), V, f.top_k);
-    cut = key_to_float(kcut);
-  }
+  float cut = kNoCut;  // the top-k cutoff first: top-p runs on the tokens >= it
+  if (f.top_k > 0 && f.top_k < V) cut = kth_largest(row, V, f.top_k);
   if (f.top_p < 1.0f) {
     // Pass 1 bins the survivors of top-k by z = (m - l) * inv_t (monotone in l: bins
     // are contiguous key ranges, highest logits first) in steps of 1/8 nat, with
@@ -325,7 +350,7 @@ inline float filter_cutoff(const T* row, int64_t V, float m, float inv_t, const 
       for (; k < cnt; ++k) e[k] = shifted_exp(x[k], m, inv_t);
       for (k = 0; k < cnt; ++k) {
         const float z = (m - x[k]) * inv_t * kBinsPerNat;
-        if (!(z < static_cast<float>(kBins)) || order_key(x[k]) < kcut) continue;
+        if (!(z < static_cast<float>(kBins)) || x[k] < cut) continue;
         const int bin = kBins - 1 - static_cast<int>(z);  // digit order: higher = higher logit
         ++count[bin];
         msum[bin] += fixed_mass(e[k]);
@@ -344,9 +369,7 @@ inline float filter_cutoff(const T* row, int64_t V, float m, float inv_t, const 
       const float* x = tile_as_float(row, v0, cnt, buf);
       for (int64_t k = 0; k < cnt; ++k) {
         const float z = (m - x[k]) * inv_t * kBinsPerNat;
-        if (!(z < static_cast<float>(kBins)) || kBins - 1 - static_cast<int>(z) != pick ||
-            order_key(x[k]) < kcut)
-          continue;
+        if (!(z < static_cast<float>(kBins)) || kBins - 1 - static_cast<int>(z) != pick || x[k] < cut) continue;
         keys[n] = order_key(x[k]);
         mass[n++] = fixed_mass(ebufs[v0 + k]);
       }
@@ -354,12 +377,23 @@ inline float filter_cutoff(const T* row, int64_t V, float m, float inv_t, const 
     cut = max_cutoff(cut, key_to_float(radix_topp(keys.data(), mass.data(), n, limit, above)));
   }
   if (f.min_p > 0.0f) {
-    // e >= min_p needs (x - m) * inv_t >= log(min_p): only tokens near that bound get an exp
-    const float bound = std::log(f.min_p) - 1e-3f;
+    // e >= min_p needs (x - m) * inv_t >= log(min_p): only tokens near that bound
+    // (a vectorised test with slack) get the exact scalar exp test
+    const float bound = (std::log(f.min_p) - 1e-3f) * (1.0f + 1e-3f);
+    const Vec vb(bound), vm(m), va(inv_t);
     float lo = m;
-    for (int64_t v = 0; v < V; ++v) {
-      const float x = static_cast<float>(row[v]);
-      if (x < lo && (x - m) * inv_t >= bound * (1.0f + 1e-3f) && shifted_exp(x, m, inv_t) >= f.min_p) lo = x;
+    auto consider = [&](float x) {
+      if (x < lo && shifted_exp(x, m, inv_t) >= f.min_p) lo = x;
+    };
+    for (int64_t v0 = 0; v0 < V; v0 += kTile) {
+      const int64_t n = std::min(kTile, V - v0);
+      const float* x = tile_as_float(row, v0, n, buf);
+      int64_t j = 0;
+      for (; j + Vec::size() <= n; j += Vec::size())
+        for (int bits = lanes_at_least((Vec::loadu(x + j) - vm) * va, vb); bits; bits &= bits - 1)
+          consider(x[j + __builtin_ctz(bits)]);
+      for (; j < n; ++j)
+        if ((x[j] - m) * inv_t >= bound) consider(x[j]);
     }
     cut = max_cutoff(cut, lo);
   }

@@ -980,8 +980,7 @@ __device__ __forceinline__ void clear_histogram(uint32_t* count, unsigned long l
 template <typename T>
 __device__ float block_cutoff(const T* row, int64_t V, bool vec, float m, float inv_t, const FilterSpec& f,
                               uint32_t* count, unsigned long long* mass, MinVal* scratch) {
-  float cut = -kInf;
-  uint32_t kcut = 0;  // order_key of the top-k cutoff (0: below every key)
+  float cut = -kInf;  // the top-k cutoff first: top-p runs on the tokens >= it (float order)
   if (f.top_k > 0 && f.top_k < V) {
     RadixState s;
     int64_t k_left = f.top_k;
@@ -994,8 +993,7 @@ __device__ float block_cutoff(const T* row, int64_t V, bool vec, float m, float 
       __syncthreads();
       s.descend(topk_digit(count, k_left));  // the same digit in every thread (same counts)
     }
-    kcut = s.prefix;
-    cut = key_to_float(kcut);
+    cut = key_to_float(s.prefix);
   }
   if (f.top_p < 1.0f) {
     static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "mass bins are read as uint64_t");
@@ -1007,7 +1005,7 @@ __device__ float block_cutoff(const T* row, int64_t V, bool vec, float m, float 
       clear_histogram(count, mass);
       for_each_token(row, V, vec, [&](float x) {
         const uint32_t key = order_key(x);
-        if (key < kcut || !s.in_bucket(key)) return;  // top-p runs on the top-k survivors
+        if (x < cut || !s.in_bucket(key)) return;  // top-p runs on the top-k survivors
         const int d = s.digit(key);
         atomicAdd(&count[d], 1u);
         const uint64_t e = fixed_mass(shifted_exp(x, m, inv_t));
