@@ -8,7 +8,7 @@
 #   bash scripts/gpu_check.sh "$OUT"
 #   PREFLIGHT_ONLY=1 bash scripts/gpu_check.sh OUTDIR     (the tool checks only: runs anywhere)
 # time limits (s): preflight 20, build 140, sass 15, tests 150 + 15, sanitizers 2 x 30,
-# bench verify 100, bench kv 20, ncu 30, report 10 (560 s if every step ran to its limit; expected
+# bench verify 100, bench filters 40, bench kv 20, ncu 30, report 10 (600 s if every step ran to its limit; expected
 # well under 8 minutes: the build is ~1.5 min, the CUDA tests ~1 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -79,6 +79,10 @@ log "bench verify + sample (cuda): eager, graph replay, %floor, warm + cold"
 timeout 100 "$PY" -m specdec_ext.bench verify --device cuda --B 1 8 64 --K 5 --V 128256 --dtype fp32 bf16 \
   --sample --cold --json "$OUTDIR/bench_verify.json" > "$OUTDIR/bench_verify.txt" 2>&1
 log "bench verify exit $?"
+log "bench verify --filters (cuda): top-p 0.9 / top-k 50 vs sort-based PyTorch"
+timeout 40 "$PY" -m specdec_ext.bench verify --device cuda --filters-only --B 1 64 --K 5 --V 128256 \
+  --json "$OUTDIR/bench_filters.json" > "$OUTDIR/bench_filters.txt" 2>&1
+log "bench filters exit $?"
 log "bench kv (cuda)"
 timeout 20 "$PY" -m specdec_ext.bench kv --device cuda --json "$OUTDIR/bench_kv.json" > "$OUTDIR/bench_kv.txt" 2>&1
 log "bench kv exit $?"

@@ -12,7 +12,7 @@ Same prompts, same max_new_tokens, one run, per device (CPU, and CUDA when prese
 * with ``--compile``: the n-gram engine on the reference model's torch.compile'd decode
   steps, next to the eager row
 * with ``--hf``: the engine on the same pair loaded through transformers (``HF-model``
-  rows: target-only, K = ``--hf-k``, adaptive, hybrid (B = 1) on the batched HF path, and K =
+  rows: target-only, K = ``--hf-k``, adaptive, n-gram, hybrid on the batched HF path, and K =
   ``--hf-k`` on the per-row compatibility path), next to HF's own rows; their speedup and
   c are relative to the HF-model target-only row. ``--only-hf`` skips the reference-model
   engine rows (the reference target-only row stays: it is every other row's baseline)
@@ -120,9 +120,9 @@ def _hf_model_rows(add, hf_target, hf_draft, T, groups, args):
     add("HF-model target-only", 0, base, base)
     add("HF-model engine", k, run_engine(hf_target, hf_draft, k, False, T, groups, n), base)
     add("HF-model adaptive", f"<={k}", run_engine(hf_target, hf_draft, k, "cost", T, groups, n), base)
-    if groups[0][0].shape[0] == 1:  # B > 1: the hybrid draft catch-up can outgrow the cache slack (engine bug)
-        add("HF-model hybrid", f"<={k}", run_engine(hf_target, hf_draft, k, "cost", T, groups, n,
-                                                    drafter="hybrid"), base)
+    add("HF-model ngram", f"<={k}", run_engine(hf_target, None, k, "cost", T, groups, n), base)
+    add("HF-model hybrid", f"<={k}", run_engine(hf_target, hf_draft, k, "cost", T, groups, n, drafter="hybrid"),
+        base)
     add("HF-model per-row", k, run_engine(HFSpecModel(hf_target), HFSpecModel(hf_draft), k, False, T, groups, n),
         base)
 
