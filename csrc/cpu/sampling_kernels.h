@@ -127,6 +127,24 @@ inline decltype(auto) with_unit_t(float inv_t, Fn&& fn) {
   return inv_t == 1.0f ? fn(std::true_type{}) : fn(std::false_type{});
 }
 
+// Lanes of a vector of logits with x >= bound: a bit mask (lane l -> bit l).
+inline int lanes_at_least(const Vec& x, const Vec& bound) {
+  return ~(x >= bound).zero_mask() & ((1 << Vec::size()) - 1);
+}
+
+// Whether any of the n floats x[0, n) is >= cut. A filtered row skips the tiles where
+// none is: their tokens weigh exactly 0, so sums and races are unchanged (x + 0 == x,
+// and a race key of 0 never beats the positive key some other tile has).
+inline bool any_at_least(const float* x, int64_t n, float cut) {
+  const Vec vc(cut);
+  int64_t k = 0;
+  for (; k + Vec::size() <= n; k += Vec::size())
+    if (lanes_at_least(Vec::loadu(x + k), vc)) return true;
+  for (; k < n; ++k)
+    if (x[k] >= cut) return true;
+  return false;
+}
+
 // sum_v exp((l_v - m) * inv_t) over a row (logits below `cut` excluded); m is the row's max logit.
 template <typename T>
 inline float row_sum_exp(const T* row, int64_t V, float inv_t, float m, float cut) {
@@ -137,6 +155,7 @@ inline float row_sum_exp(const T* row, int64_t V, float inv_t, float m, float cu
     float tail = 0.0f;
     for (int64_t v0 = 0; v0 < V; v0 += kTile) {
       const int64_t n = std::min(kTile, V - v0);
+      if (cut > kNoCut && !any_at_least(tile_as_float(row, v0, n, buf), n, cut)) continue;
       const float* x = tile_as_float(row, v0, n, buf, cut);
       int64_t k = 0;
       for (; k + Vec::size() <= n; k += Vec::size())
@@ -226,6 +245,11 @@ inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, floa
   RaceBest tile_w = race_empty(), tile_p = race_empty();
   for (int64_t t = 0; t * kRaceTile < V; ++t) {
     const int64_t v0 = t * kRaceTile, n = std::min(kRaceTile, V - v0);
+    // a tile without survivors weighs 0 (a dense q row is still read: its bad entries invalidate the row)
+    if (cut > kNoCut && q_mode != QMode::kDense && !any_at_least(tile_as_float(row, v0, n, w), n, cut)) {
+      if (probs_out) std::fill(probs_out + v0, probs_out + v0 + n, 0.0f);
+      continue;
+    }
     if (!tile_weights(row, q_row, q_mode, draft, v0, n, inv_t, st, cut, w, p)) return false;
     if (probs_out) std::copy(p, p + n, probs_out + v0);
     const float E = race_exponential(rng, tile_stream, position, t);
@@ -253,20 +277,24 @@ inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, floa
 // so the cutoff equals the reference's whenever the per-token e values do (the
 // kernel's vectorised exp may differ from std::exp in the last bit).
 
-// Lanes of a vector of logits with x >= bound: a bit mask (lane l -> bit l).
-inline int lanes_at_least(const Vec& x, const Vec& bound) {
-  return ~(x >= bound).zero_mask() & ((1 << Vec::size()) - 1);
-}
-
 // The k-th largest logit of a row (0 < k < V), in ONE vectorised pass: tokens
 // >= a running threshold tau go to a candidate buffer; when it fills, tau rises
 // to the buffer's k-th largest and the buffer keeps only tokens >= tau. Every
 // token >= the final tau is in the buffer, and at least k of them, so its k-th
 // largest is the row's (the value the reference's radix passes find; in float
 // order, where -0 == +0, which is how the cutoff is applied).
-template <typename T>
-inline float kth_largest(const T* row, int64_t V, int64_t k) {
+// The candidate buffer of this thread's last kth_largest: every token >= its result
+// (so every survivor of a cutoff at or above it).
+inline std::vector<float>& topk_candidates() {
   thread_local std::vector<float> cand;
+  return cand;
+}
+
+template <typename T>
+inline float kth_largest(const T* row, int64_t V, int64_t k, float* max_out = nullptr) {
+  std::vector<float>& cand = topk_candidates();
+  Vec vmax(-std::numeric_limits<float>::infinity());  // max_out: the row max in the same pass (NaN propagates)
+  float tail_max = -std::numeric_limits<float>::infinity();
   const size_t cap = static_cast<size_t>(std::max<int64_t>(4 * k, 2048));
   cand.clear();
   alignas(64) float buf[kTile];
@@ -281,16 +309,29 @@ inline float kth_largest(const T* row, int64_t V, int64_t k) {
     const float* x = tile_as_float(row, v0, n, buf);
     const Vec vt(tau);
     int64_t j = 0;
-    for (; j + Vec::size() <= n; j += Vec::size())
-      for (int bits = lanes_at_least(Vec::loadu(x + j), vt); bits; bits &= bits - 1)
-        cand.push_back(x[j + __builtin_ctz(bits)]);
-    for (; j < n; ++j)
+    for (; j + Vec::size() <= n; j += Vec::size()) {
+      const Vec xv = Vec::loadu(x + j);
+      vmax = at::vec::maximum(vmax, xv);
+      for (int bits = lanes_at_least(xv, vt); bits; bits &= bits - 1) cand.push_back(x[j + __builtin_ctz(bits)]);
+    }
+    for (; j < n; ++j) {
+      tail_max = (x[j] != x[j] || x[j] > tail_max) ? x[j] : tail_max;
       if (x[j] >= tau) cand.push_back(x[j]);
+    }
     if (cand.size() >= cap) shrink();
   }
+  if (max_out) {
+    const float vm = hmax(vmax);
+    *max_out = (vm != vm || tail_max != tail_max) ? std::numeric_limits<float>::quiet_NaN()
+                                                  : (vm > tail_max ? vm : tail_max);
+  }
+  if (cand.size() < static_cast<size_t>(k)) return -std::numeric_limits<float>::infinity();  // NaN row: unused
   shrink();
   return tau;
 }
+
+// Whether top-k cuts a V-token row (then kth_largest runs, fused with the row max).
+inline bool topk_cuts(const FilterSpec& f, int64_t V) { return f.top_k > 0 && f.top_k < V; }
 
 // The top-p cutoff key of the items (keys[i], mass[i]), i < n: the smallest key
 // whose strictly-higher mass (plus `above`, the mass of items above them all) is
@@ -321,13 +362,14 @@ inline uint32_t radix_topp(uint32_t* keys, uint64_t* mass, int64_t n, double lim
 // The cutoff of one row position (finite max m, usable inv_t): every logit below
 // it is filtered out; kNoCut when nothing is.
 template <typename T>
-inline float filter_cutoff(const T* row, int64_t V, float m, float inv_t, const FilterSpec& f) {
+inline float filter_cutoff(const T* row, int64_t V, float m, float inv_t, const FilterSpec& f,
+                           const float* topk_cut = nullptr) {
   thread_local std::vector<uint32_t> keys;
   thread_local std::vector<uint64_t> mass;
   thread_local std::vector<float> ebufs;
   alignas(64) float buf[kTile];
   float cut = kNoCut;  // the top-k cutoff first: top-p runs on the tokens >= it
-  if (f.top_k > 0 && f.top_k < V) cut = kth_largest(row, V, f.top_k);
+  if (topk_cuts(f, V)) cut = topk_cut ? *topk_cut : kth_largest(row, V, f.top_k);
   if (f.top_p < 1.0f) {
     // Pass 1 bins the survivors of top-k by z = (m - l) * inv_t (monotone in l: bins
     // are contiguous key ranges, highest logits first) in steps of 1/8 nat, with
@@ -420,13 +462,31 @@ inline void for_each_row(int64_t B, Fn&& fn) {
   });
 }
 
+// The raw max of one position (its first argmax when want_argmax). When top-k cuts
+// the position (`fuse`: a non-greedy row), the same pass also finds the top-k cutoff
+// (kth_largest), stored in topk_cut: one read of the row instead of two.
+template <typename T>
+inline void position_max(const T* row, int64_t V, bool want_argmax, bool fuse, const FilterSpec& f, float& m,
+                         int64_t& arg, float& topk_cut) {
+  arg = 0;
+  if (fuse) topk_cut = kth_largest(row, V, f.top_k, &m);
+  else row_max(row, V, want_argmax, m, arg);
+}
+
 // The filtered softmax stats of one visited, non-greedy position with raw max m:
 // the filter cutoff (kNoCut when no filter is on) and the sum over the survivors.
+// topk_cut: the top-k cutoff when position_max found it, else nullptr. With top-k
+// every survivor is in the candidate buffer, so the sum is taken there (k-ish
+// tokens) instead of in another pass over the row.
 template <typename T>
 inline SoftmaxStats filtered_stats(const T* row, int64_t V, float m, float inv_t, const FilterSpec& f,
-                                   float& cut) {
-  cut = filter_on(f, V) ? filter_cutoff(row, V, m, inv_t, f) : kNoCut;
-  return SoftmaxStats{m, row_sum_exp(row, V, inv_t, m, cut)};
+                                   float& cut, const float* topk_cut) {
+  cut = filter_on(f, V) ? filter_cutoff(row, V, m, inv_t, f, topk_cut) : kNoCut;
+  if (!topk_cuts(f, V)) return SoftmaxStats{m, row_sum_exp(row, V, inv_t, m, cut)};
+  double sum = 0.0;  // a scalar sum over the survivors: double keeps it as exact as the vector sums
+  for (float x : topk_candidates())
+    if (x >= cut) sum += shifted_exp(x, m, inv_t);
+  return SoftmaxStats{m, static_cast<float>(sum)};
 }
 
 template <typename TL, typename TQ>
@@ -459,9 +519,10 @@ void verify_rows(const VerifyParams& P) {
     int64_t token = -1;
     for (int64_t i = 0; i <= n && ok; ++i) {
       const TL* row = logits + i * P.logits_stride_k;
-      float m;
+      float m, topk_cut;
       int64_t arg;
-      row_max(row, V, greedy && j < 0, m, arg);
+      const bool fuse = !greedy && j < 0 && topk_cuts(filter, V);
+      position_max(row, V, greedy && j < 0, fuse, filter, m, arg, topk_cut);
       if (j >= 0) {  // decided already: only NaN / +inf matter here
         ok = !(m != m || m == std::numeric_limits<float>::infinity());
         continue;
@@ -472,7 +533,7 @@ void verify_rows(const VerifyParams& P) {
         continue;
       }
       float cut;
-      const SoftmaxStats st = filtered_stats(row, V, m, inv_t, filter, cut);
+      const SoftmaxStats st = filtered_stats(row, V, m, inv_t, filter, cut, fuse ? &topk_cut : nullptr);
       if (coupled) {  // the target's own sample at this position (specdec::sample's race, offset + i)
         race_row<TL, float>(row, V, inv_t, st, cut, QMode::kNone, nullptr, -1,
                             rng.advanced(static_cast<uint64_t>(i)), kStreamSampleTile, kStreamSampleRace, 0,
@@ -513,10 +574,11 @@ void sample_rows(const SampleParams& P) {
     P.tokens[b] = -1;
     const float temperature = P.temperature.get(b);
     const FilterSpec filter = P.filters.get(b);
-    float m;
+    float m, topk_cut;
     int64_t arg;
     const bool greedy = temperature == 0.0f;
-    row_max(row, V, greedy, m, arg);
+    const bool fuse = !greedy && valid_filter(filter) && topk_cuts(filter, V);
+    position_max(row, V, greedy, fuse, filter, m, arg, topk_cut);
     if (!valid_temperature(temperature) || !valid_filter(filter) || !usable_max(m)) {  // invalid: -1, probs 0
       if (probs) std::fill(probs, probs + V, 0.0f);
       return;
@@ -532,7 +594,7 @@ void sample_rows(const SampleParams& P) {
     const float inv_t = 1.0f / temperature;
     const RowRng rng = make_row_rng(P.rnd, b);
     float cut;
-    const SoftmaxStats st = filtered_stats(row, V, m, inv_t, filter, cut);
+    const SoftmaxStats st = filtered_stats(row, V, m, inv_t, filter, cut, fuse ? &topk_cut : nullptr);
     race_row<TL, float>(row, V, inv_t, st, cut, QMode::kNone, nullptr, -1, rng, kStreamSampleTile, kStreamSampleRace,
                         0, probs, P.tokens[b]);
   });
