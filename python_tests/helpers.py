@@ -65,6 +65,22 @@ def assert_cache_matches_prefill(wrapper, full_model, seqs, pending_ok):
         torch.testing.assert_close(logits[b], fresh, rtol=1e-9, atol=1e-9)
 
 
+def hf_fresh_prefill(model, seq):
+    """Per layer (keys, values) [1, H, len(seq), D] of a fresh transformers DynamicCache
+    prefill of the token list ``seq`` by the causal LM ``model``."""
+    import inspect
+
+    import transformers
+
+    fresh = transformers.DynamicCache()
+    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    with torch.no_grad():
+        model(torch.tensor([seq]), use_cache=True, **{kw: fresh})
+    if hasattr(fresh, "layers"):
+        return [(layer.keys, layer.values) for layer in fresh.layers]
+    return list(zip(fresh.key_cache, fresh.value_cache))
+
+
 def reference_model(hf, cache="contiguous"):
     """The package's reference Llama (float64) with ``hf``'s weights, wrapped as a SpecModel
     with a contiguous or a paged (blocks of 4) cache."""

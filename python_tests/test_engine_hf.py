@@ -1,12 +1,11 @@
 """The engine with Hugging Face models: greedy output equals target.generate token for
 token (B = 1 and a ragged batch; K in {1, 3, 5}; adaptive K), and the HF caches equal a
 fresh prefill of the emitted sequence."""
-import inspect
 
 import pytest
 import torch
 
-from helpers import near_copy, ragged_prompts, tiny_llama
+from helpers import hf_fresh_prefill, near_copy, ragged_prompts, tiny_llama
 from specdec_ext import SpeculativeEngine
 
 transformers = pytest.importorskip("transformers")
@@ -41,23 +40,24 @@ def test_greedy_with_an_unrelated_draft(pair):
     assert torch.equal(SpeculativeEngine(target, draft, k=3, adaptive_k=False).generate(ids, 12).sequences, ref)
 
 
-def test_hf_caches_equal_fresh_prefill(pair):
+@pytest.mark.parametrize("path", ["batched", "per_row"])
+def test_hf_caches_equal_fresh_prefill(pair, path):
+    """After generation each row's cache (target: everything but the last emitted token;
+    draft: 1 or 2 fewer) equals a fresh HF prefill, on the batched path (what adapt picks
+    for Llama) and on the per-row compatibility path."""
+    from specdec_ext.models.hf import HFSpecModel
+
     target, draft = pair
     ids, mask = ragged_prompts()
-    eng = SpeculativeEngine(target, draft, k=4, adaptive_k=False)
+    wrap = (lambda m: m) if path == "batched" else HFSpecModel
+    eng = SpeculativeEngine(wrap(target), wrap(draft), k=4, adaptive_k=False)
     out = eng.generate(ids, 13, temperature=1.0, seed=7, attention_mask=mask)
     for b in range(3):
         seq = ids[b][mask[b].bool()].tolist() + out.generated[b]
-        for model, wrapper, exact_len in ((target, eng.target, len(seq) - 1), (draft, eng.draft, None)):
-            cached = wrapper.cache_tensors(b)
-            n = cached[0][0].shape[-2] if exact_len is None else exact_len
-            assert cached[0][0].shape[-2] == n
-            assert len(seq) - n in ((1,) if exact_len else (1, 2))
-            fresh = transformers.DynamicCache()
-            kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-            model(torch.tensor([seq[:n]]), use_cache=True, **{kw: fresh})
-            fresh_kv = [(layer.keys, layer.values) for layer in fresh.layers] if hasattr(fresh, "layers") else \
-                list(zip(fresh.key_cache, fresh.value_cache))
-            for (k1, v1), (k2, v2) in zip(cached, fresh_kv):
+        for model, wrapper, exact in ((target, eng.target, True), (draft, eng.draft, False)):
+            cached = wrapper.cache_tensors(b)  # the row's valid prefix
+            n = cached[0][0].shape[-2]
+            assert len(seq) - n in ((1,) if exact else (1, 2))
+            for (k1, v1), (k2, v2) in zip(cached, hf_fresh_prefill(model, seq[:n])):
                 torch.testing.assert_close(k1, k2, rtol=1e-9, atol=1e-10)
                 torch.testing.assert_close(v1, v2, rtol=1e-9, atol=1e-10)
