@@ -370,7 +370,21 @@ inline float filter_cutoff(const T* row, int64_t V, float m, float inv_t, const 
   alignas(64) float buf[kTile];
   float cut = kNoCut;  // the top-k cutoff first: top-p runs on the tokens >= it
   if (topk_cuts(f, V)) cut = topk_cut ? *topk_cut : kth_largest(row, V, f.top_k);
-  if (f.top_p < 1.0f) {
+  if (f.top_p < 1.0f && topk_cuts(f, V)) {
+    // top-p on the top-k survivors: they are all in the candidate buffer (k-ish tokens)
+    const std::vector<float>& cand = topk_candidates();
+    keys.resize(cand.size());
+    mass.resize(cand.size());
+    int64_t n = 0;
+    uint64_t total = 0;
+    for (float x : cand) {
+      if (x < cut) continue;
+      keys[n] = order_key(x);
+      mass[n] = fixed_mass(shifted_exp(x, m, inv_t));
+      total += mass[n++];
+    }
+    cut = max_cutoff(cut, key_to_float(radix_topp(keys.data(), mass.data(), n, topp_limit(f.top_p, total), 0)));
+  } else if (f.top_p < 1.0f) {
     // Pass 1 bins the survivors of top-k by z = (m - l) * inv_t (monotone in l: bins
     // are contiguous key ranges, highest logits first) in steps of 1/8 nat, with
     // their fixed-point masses; tokens past the last bin have e < 2^-46, mass 0,
@@ -379,41 +393,77 @@ inline float filter_cutoff(const T* row, int64_t V, float m, float inv_t, const 
     // the radix passes. Same cutoff as the reference (a function of integer sums).
     constexpr int kBins = kRadixBins;
     constexpr float kBinsPerNat = 8.0f;
-    uint32_t count[kBins] = {};
-    uint64_t msum[kBins] = {};
+    // 4 interleaved copies of the histogram: neighbouring tokens mostly share a bin,
+    // and one copy would make every update wait for the previous one's store
+    uint32_t count4[4][kBins] = {};
+    uint64_t msum4[4][kBins] = {};
     ebufs.resize(V);
-    const Vec va(inv_t), vm(m);
+    const Vec va(inv_t), vm(m), vscale(kBinsPerNat), vcut(cut);
+    // z of a vector of logits, with the scalar formula's operations in its order (so the
+    // bins of both passes agree); lanes below the top-k cutoff get z = kBins (no bin)
+    auto z_of = [&](const Vec& xv) {
+      const Vec z = ((vm - xv) * va) * vscale;
+      return Vec::blendv(Vec(static_cast<float>(kBins)), z, xv >= vcut);
+    };
+    alignas(64) float zbuf[kTile];
     for (int64_t v0 = 0; v0 < V; v0 += kTile) {
       const int64_t cnt = std::min(kTile, V - v0);
       const float* x = tile_as_float(row, v0, cnt, buf);
       float* e = ebufs.data() + v0;
       int64_t k = 0;
-      for (; k + Vec::size() <= cnt; k += Vec::size()) shifted_exp_vec<false>(Vec::loadu(x + k), vm, va).store(e + k);
-      for (; k < cnt; ++k) e[k] = shifted_exp(x[k], m, inv_t);
+      for (; k + Vec::size() <= cnt; k += Vec::size()) {
+        const Vec xv = Vec::loadu(x + k);
+        shifted_exp_vec<false>(xv, vm, va).store(e + k);
+        z_of(xv).store(zbuf + k);
+      }
+      for (; k < cnt; ++k) {
+        e[k] = shifted_exp(x[k], m, inv_t);
+        zbuf[k] = x[k] >= cut ? (m - x[k]) * inv_t * kBinsPerNat : static_cast<float>(kBins);
+      }
       for (k = 0; k < cnt; ++k) {
-        const float z = (m - x[k]) * inv_t * kBinsPerNat;
-        if (!(z < static_cast<float>(kBins)) || x[k] < cut) continue;
+        const float z = zbuf[k];
+        if (!(z < static_cast<float>(kBins))) continue;
         const int bin = kBins - 1 - static_cast<int>(z);  // digit order: higher = higher logit
-        ++count[bin];
-        msum[bin] += fixed_mass(e[k]);
+        ++count4[k & 3][bin];
+        msum4[k & 3][bin] += fixed_mass(e[k]);
       }
     }
+    uint32_t count[kBins];
+    uint64_t msum[kBins];
     uint64_t total = 0;
-    for (int d = 0; d < kBins; ++d) total += msum[d];
+    for (int d = 0; d < kBins; ++d) {
+      count[d] = count4[0][d] + count4[1][d] + count4[2][d] + count4[3][d];
+      msum[d] = msum4[0][d] + msum4[1][d] + msum4[2][d] + msum4[3][d];  // integer: any order is exact
+      total += msum[d];
+    }
     const double limit = topp_limit(f.top_p, total);
     uint64_t above = 0;
     const int pick = topp_digit(msum, count, above, limit);
     keys.resize(V);
     mass.resize(V);
     int64_t n = 0;
+    // pass 2: the tokens of bin `pick`, i.e. floor(z) == kBins - 1 - pick (z >= 0, so
+    // z in [lo, lo + 1) exactly), found a vector at a time
+    const float lo = static_cast<float>(kBins - 1 - pick);
+    const Vec vlo(lo), vhi(lo + 1.0f);
+    auto take = [&](int64_t v, float x) {
+      keys[n] = order_key(x);
+      mass[n++] = fixed_mass(ebufs[v]);
+    };
     for (int64_t v0 = 0; v0 < V; v0 += kTile) {
       const int64_t cnt = std::min(kTile, V - v0);
       const float* x = tile_as_float(row, v0, cnt, buf);
-      for (int64_t k = 0; k < cnt; ++k) {
-        const float z = (m - x[k]) * inv_t * kBinsPerNat;
-        if (!(z < static_cast<float>(kBins)) || kBins - 1 - static_cast<int>(z) != pick || x[k] < cut) continue;
-        keys[n] = order_key(x[k]);
-        mass[n++] = fixed_mass(ebufs[v0 + k]);
+      int64_t k = 0;
+      for (; k + Vec::size() <= cnt; k += Vec::size()) {
+        const Vec z = z_of(Vec::loadu(x + k));
+        for (int bits = lanes_at_least(z, vlo) & ~lanes_at_least(z, vhi); bits; bits &= bits - 1) {
+          const int l = __builtin_ctz(bits);
+          take(v0 + k + l, x[k + l]);
+        }
+      }
+      for (; k < cnt; ++k) {
+        const float z = x[k] >= cut ? (m - x[k]) * inv_t * kBinsPerNat : static_cast<float>(kBins);
+        if (z >= lo && z < lo + 1.0f) take(v0 + k, x[k]);
       }
     }
     cut = max_cutoff(cut, key_to_float(radix_topp(keys.data(), mass.data(), n, limit, above)));
