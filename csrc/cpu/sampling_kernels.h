@@ -270,19 +270,13 @@ inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, floa
   return true;
 }
 
-// ---- Filter cutoffs (core/filter_math.h), over a compacted bucket ----
-// The passes of filter_cutoff_reference, but after each pass only the keys of
-// the chosen digit are kept (in place), so passes 2-4 read a small bucket
-// instead of the row. Every decision uses integer counts / fixed-point sums,
-// so the cutoff equals the reference's whenever the per-token e values do (the
-// kernel's vectorised exp may differ from std::exp in the last bit).
+// ---- Filter cutoffs (core/filter_math.h) ----
+// The cutoff filter_cutoff_reference defines, found with fewer reads of the row
+// (top-k: one candidate pass; top-p: one binned pass, then radix passes over one
+// bin or over the top-k candidates). Every decision uses float order and integer
+// fixed-point sums, so the cutoff equals the reference's whenever the per-token e
+// values do (the kernel's vectorised exp may differ from std::exp in the last bit).
 
-// The k-th largest logit of a row (0 < k < V), in ONE vectorised pass: tokens
-// >= a running threshold tau go to a candidate buffer; when it fills, tau rises
-// to the buffer's k-th largest and the buffer keeps only tokens >= tau. Every
-// token >= the final tau is in the buffer, and at least k of them, so its k-th
-// largest is the row's (the value the reference's radix passes find; in float
-// order, where -0 == +0, which is how the cutoff is applied).
 // The candidate buffer of this thread's last kth_largest: every token >= its result
 // (so every survivor of a cutoff at or above it).
 inline std::vector<float>& topk_candidates() {
@@ -290,6 +284,13 @@ inline std::vector<float>& topk_candidates() {
   return cand;
 }
 
+// The k-th largest logit of a row (0 < k < V), in ONE vectorised pass: tokens
+// >= a running threshold tau go to a candidate buffer; when it fills, tau rises
+// to the buffer's k-th largest and the buffer keeps only tokens >= tau. Every
+// token >= the final tau is in the buffer, and at least k of them, so its k-th
+// largest is the row's (the value the reference's radix passes find; in float
+// order, where -0 == +0, which is how the cutoff is applied). max_out, if given,
+// gets the row max of the same pass (NaN if the row holds one), as row_max would.
 template <typename T>
 inline float kth_largest(const T* row, int64_t V, int64_t k, float* max_out = nullptr) {
   std::vector<float>& cand = topk_candidates();
