@@ -191,29 +191,24 @@ def filter_label(filt):
     return f"v:k{filt['top_k']}"
 
 
-def bench_filtered(device, grid, with_compile, peak, rows, on_row, cold, flush):
-    """Verify rows with filters against the sort-based PyTorch baseline (FILTERED)."""
-    compiled = torch.compile(torch_filtered_verify, dynamic=True) if with_compile else None
-    for filt in grid["filters"]:
-        for B in grid["B"]:
-            for K in grid["K"]:
-                for V in grid["V"]:
-                    logits, ids, q = make_inputs(B, K, V, torch.float32, device, filt=filt)
-                    nbytes = logits.numel() * logits.element_size() + q.numel() * q.element_size()
-                    res = specdec_ext.verify(logits, ids, q, 1.0, seed=0, **filt)
-                    alpha = (res.num_accepted.float().mean() / K).item()
-                    if compiled is not None:
-                        compiled(logits, ids, q, 1.0, **filt)
-                    fns = dict(fused=lambda: specdec_ext.verify(logits, ids, q, 1.0, seed=0, **filt),
-                               torch=lambda: torch_filtered_verify(logits, ids, q, 1.0, **filt),
-                               compile=(lambda: compiled(logits, ids, q, 1.0, **filt)) if compiled else None,
-                               flashinfer=None)
-                    rows.append(dict(op=filter_label(filt), filters=filt, device=device, dtype="fp32", B=B, K=K, V=V,
-                                     accept_rate=alpha, copy_gbps=peak,
-                                     **_measure(device, fns, nbytes, peak, cold, flush)))
-                    print_row(rows[-1], cold)
-                    on_row()
-                    del logits, ids, q
+def verify_row(device, dt, B, K, V, filt, baseline, compiled, peak, cold, flush):
+    """One verify row: the fused op (with the filters ``filt``, {} = none) against
+    ``baseline`` (torch_verify or torch_filtered_verify), its torch.compile ``compiled``
+    and, unfiltered on CUDA, FlashInfer."""
+    logits, ids, q = make_inputs(B, K, V, DTYPES[dt], device, filt=filt)
+    # minimal bytes: every logit read once + the q rows
+    nbytes = logits.numel() * logits.element_size() + q.numel() * q.element_size()
+    res = specdec_ext.verify(logits, ids, q, 1.0, seed=0, **filt)
+    alpha = (res.num_accepted.float().mean() / K).item()
+    if compiled is not None:
+        compiled(logits, ids, q, 1.0, **filt)  # compile outside the timing
+    fns = dict(fused=lambda: specdec_ext.verify(logits, ids, q, 1.0, seed=0, **filt),
+               torch=lambda: baseline(logits, ids, q, 1.0, **filt),
+               compile=(lambda: compiled(logits, ids, q, 1.0, **filt)) if compiled else None,
+               flashinfer=flashinfer_fn(logits, ids, q) if device == "cuda" and not filt else None)
+    label = dict(op=filter_label(filt), filters=filt) if filt else dict(op="verify")
+    return dict(**label, device=device, dtype=dt, B=B, K=K, V=V, accept_rate=alpha, copy_gbps=peak,
+                **_measure(device, fns, nbytes, peak, cold, flush))
 
 
 def bench_device(device, grid, with_compile, rows, on_row=lambda: None, cold=False, sample_grid=None,
@@ -223,27 +218,17 @@ def bench_device(device, grid, with_compile, rows, on_row=lambda: None, cold=Fal
     # the floor's bandwidth: device copy on a GPU (1 GiB), memcpy on the CPU (256 MiB: cheap)
     peak = copy_bandwidth(device) if device == "cuda" else copy_bandwidth(device, 256 << 20)
     flush = cache_flusher(device) if cold else None
+
+    def add(row):
+        rows.append(row)
+        print_row(row, cold)
+        on_row()
+
     for dt in grid["dtype"]:
         for B in grid["B"]:
             for K in grid["K"]:
                 for V in grid["V"]:
-                    logits, ids, q = make_inputs(B, K, V, DTYPES[dt], device)
-                    # minimal bytes: every logit read once + the q rows
-                    nbytes = logits.numel() * logits.element_size() + q.numel() * q.element_size()
-                    res = specdec_ext.verify(logits, ids, q, 1.0, seed=0)
-                    alpha = (res.num_accepted.float().mean() / K).item()
-                    if compiled is not None:
-                        compiled(logits, ids, q, 1.0)  # compile outside the timing
-                    fi = flashinfer_fn(logits, ids, q) if device == "cuda" else None
-                    fns = dict(fused=lambda: specdec_ext.verify(logits, ids, q, 1.0, seed=0),
-                               torch=lambda: torch_verify(logits, ids, q, 1.0),
-                               compile=(lambda: compiled(logits, ids, q, 1.0)) if compiled else None,
-                               flashinfer=fi)
-                    rows.append(dict(op="verify", device=device, dtype=dt, B=B, K=K, V=V, accept_rate=alpha,
-                                     copy_gbps=peak, **_measure(device, fns, nbytes, peak, cold, flush)))
-                    print_row(rows[-1], cold)
-                    on_row()
-                    del logits, ids, q
+                    add(verify_row(device, dt, B, K, V, {}, torch_verify, compiled, peak, cold, flush))
         for B in (sample_grid or {}).get("B", []):
             for V in sample_grid["V"]:
                 logits = make_inputs(B, 1, V, DTYPES[dt], device)[0][:, 0].contiguous()
@@ -255,13 +240,17 @@ def bench_device(device, grid, with_compile, rows, on_row=lambda: None, cold=Fal
                            torch=lambda: torch_sample(logits, 1.0),
                            compile=(lambda: compiled_sample(logits, 1.0)) if compiled_sample else None,
                            flashinfer=fi)
-                rows.append(dict(op="sample", device=device, dtype=dt, B=B, K=None, V=V, accept_rate=None,
-                                 copy_gbps=peak, **_measure(device, fns, nbytes, peak, cold, flush)))
-                print_row(rows[-1], cold)
-                on_row()
+                add(dict(op="sample", device=device, dtype=dt, B=B, K=None, V=V, accept_rate=None,
+                         copy_gbps=peak, **_measure(device, fns, nbytes, peak, cold, flush)))
                 del logits
-    if filter_grid:
-        bench_filtered(device, filter_grid, with_compile, peak, rows, on_row, cold, flush)
+    if filter_grid:  # filtered verify rows (FILTERED) against the sort-based PyTorch baseline
+        compiled_filtered = torch.compile(torch_filtered_verify, dynamic=True) if with_compile else None
+        for filt in filter_grid["filters"]:
+            for B in filter_grid["B"]:
+                for K in filter_grid["K"]:
+                    for V in filter_grid["V"]:
+                        add(verify_row(device, "fp32", B, K, V, filt, torch_filtered_verify, compiled_filtered,
+                                       peak, cold, flush))
 
 
 HEADER = (f"{'op':6} {'dev':4} {'dtype':5} {'B':>3} {'K':>2} {'V':>6} {'alpha':>5} | {'fused':>9} {'graph':>9} "
