@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["check_filter", "check_int", "check_temperature", "valid_temperature", "valid_temperatures"]
+__all__ = ["FILTER_DTYPES", "check_filter", "check_int", "check_temperature", "valid_temperature", "valid_temperatures"]
 
 _F32_MAX = float(torch.finfo(torch.float32).max)
 
@@ -63,6 +63,9 @@ def check_temperature(value, name: str = "temperature") -> float:
                          f"float32; got {value!r} ({why})")
     return value
 
+
+#: the sampling filters in Hugging Face's warper order, each with the dtype the kernels read
+FILTER_DTYPES = {"top_k": torch.int64, "top_p": torch.float32, "min_p": torch.float32}
 
 # name -> (python type, check on the float32 / int64 value, what the error says)
 _FILTERS = {

@@ -7,14 +7,13 @@ from typing import Dict, FrozenSet, List, Tuple, Union
 
 import torch
 
-from .._validate import check_filter, check_int, valid_temperatures
+from .._validate import FILTER_DTYPES, check_filter, check_int, valid_temperatures
 
 __all__ = ["FILTER_NAMES", "SamplingArgs", "check_eos", "check_filter_rows", "check_filters", "check_prompts",
            "check_seed", "check_temperature_rows"]
 
 #: the sampling filters generate() passes on to sample / verify, in Hugging Face's warper order
-FILTER_NAMES = ("top_k", "top_p", "min_p")
-_FILTER_DTYPE = {"top_k": torch.int64, "top_p": torch.float32, "min_p": torch.float32}
+FILTER_NAMES = tuple(FILTER_DTYPES)
 
 
 @dataclass(frozen=True)
@@ -130,7 +129,7 @@ def check_filter_rows(name: str, value, B: int) -> Union[None, int, float, torch
             check_filter(name, v)
         except (TypeError, ValueError) as e:
             raise type(e)(f"{e} (at row {b} of the tensor)") from None
-    return rows.to(_FILTER_DTYPE[name]).clone()
+    return rows.to(FILTER_DTYPES[name]).clone()
 
 
 def check_filters(B: int, **filters) -> Dict[str, Union[None, int, float, torch.Tensor]]:

@@ -6,7 +6,7 @@ from typing import Union
 
 import torch
 
-from .._validate import check_filter, check_int, check_temperature
+from .._validate import FILTER_DTYPES, check_filter, check_int, check_temperature
 
 __all__ = ["filter_args", "float_arg", "int64_arg", "mode_arg", "seed_arg", "temperature_arg"]
 
@@ -18,7 +18,6 @@ FloatOrTensor = Union[float, torch.Tensor]
 
 # the value of each filter that keeps every token
 _FILTER_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
-_FILTER_DTYPE = {"top_k": torch.int64, "top_p": torch.float32, "min_p": torch.float32}
 _MODES = ("exact", "coupled")
 
 
@@ -67,7 +66,7 @@ def filter_args(top_k, top_p, min_p):
         value = check_filter(name, value)
         if name == "top_k" and value >= 2**63:  # k >= V keeps every token: an int64-overflowing k is off
             value = 0
-        out.append(None if value == _FILTER_OFF[name] else torch.tensor(value, dtype=_FILTER_DTYPE[name]))
+        out.append(None if value == _FILTER_OFF[name] else torch.tensor(value, dtype=FILTER_DTYPES[name]))
     return out
 
 
