@@ -54,6 +54,13 @@ struct RowFilters {
   }
 };
 
+// Drafts row `row` tests: num_drafts[row] ([B] with this stride; may be out of range,
+// the row is then invalid), or K when num_drafts is nullptr. The one rule of
+// VerifyParams::drafts_of and of the CUDA stages that see only these pointers.
+SPECDEC_HD int64_t drafts_of_row(const int64_t* num_drafts, int64_t stride, int64_t row, int64_t K) {
+  return num_drafts ? num_drafts[row * stride] : K;
+}
+
 // specdec::verify. Element strides of the vocabulary dim are 1.
 struct VerifyParams {
   const void* logits = nullptr;       // [B, K+1, V] float32|fp16|bf16
@@ -72,7 +79,7 @@ struct VerifyParams {
   int64_t* num_accepted = nullptr;     // [B] out
   bool* valid = nullptr;               // [B] out
   // drafts row b tests: num_drafts[b] (may be out of range: the row is then invalid), or K
-  SPECDEC_HD int64_t drafts_of(int64_t row) const { return num_drafts ? num_drafts[row * num_drafts_stride] : K; }
+  SPECDEC_HD int64_t drafts_of(int64_t row) const { return drafts_of_row(num_drafts, num_drafts_stride, row, K); }
 };
 
 // specdec::sample.

@@ -459,11 +459,6 @@ struct PositionTest {
   bool stop, invalid_stop, bad;
 };
 
-// Drafts row b tests (n_b; may be out of range, the row is then invalid).
-__device__ __forceinline__ int64_t drafts_of(const int64_t* num_drafts, int64_t stride, int64_t b, int64_t K) {
-  return num_drafts ? num_drafts[b * stride] : K;
-}
-
 // The test of position i <= n of a row that tests n drafts, given its merged
 // stats (one thread): does the chain stop here, and does that stop make the row
 // invalid? Position n is the bonus position: it always stops (no test).
@@ -586,7 +581,7 @@ __device__ void stats_stage(const void* logits, int64_t stride_b, int64_t stride
   for (int64_t item = blockIdx.x * warps + (threadIdx.x >> 5); item < total; item += gridDim.x * warps) {
     const int64_t r = item / NB, blk = item - r * NB, b = r / positions, i = r - b * positions;
     const float t = temperature.get(b);
-    const int64_t n = drafts_of(num_drafts, nd_stride, b, positions - 1);
+    const int64_t n = drafts_of_row(num_drafts, nd_stride, b, positions - 1);
     ChunkStats st = ChunkStats::empty();
     st.bad = 1;  // an unusable temperature / n_b: the row is invalid, its logits are not read
     if (valid_temperature(t) && n >= 0 && n < positions) {
@@ -1042,7 +1037,7 @@ __global__ void __launch_bounds__(kFilterThreads) filter_cutoff_kernel(FilterPar
     const int64_t b = item / F.positions, i = item - b * F.positions;
     const float t = F.temperature.get(b);
     const FilterSpec f = F.filters.get(b);
-    const int64_t n = drafts_of(F.num_drafts, F.num_drafts_stride, b, F.positions - 1);
+    const int64_t n = drafts_of_row(F.num_drafts, F.num_drafts_stride, b, F.positions - 1);
     float cut = -kInf;
     // block-uniform (depends on b, i only): the passes below contain barriers
     if (t != 0.0f && valid_temperature(t) && valid_filter(f) && filter_on(f, F.V) && n >= 0 && n < F.positions &&
