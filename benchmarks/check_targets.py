@@ -100,7 +100,8 @@ def e2e_targets(rows):
 def hf_model_targets(rows, dev, T):
     """Issue 10 (`bench e2e --hf`): the engine on the transformers-loaded pair against HF
     assisted (B = 1) and plain HF generate (B > 1): the best draft-model row (fixed K,
-    adaptive), and the best row of any drafter (also n-gram, hybrid)."""
+    adaptive), and the best row of any drafter (also n-gram, hybrid); eager, and (with
+    ``--compile``) on compiled forwards. The HF rows are eager in both."""
     out = []
     for B in sorted({r["batch"] for r in rows}):
         sel = [r for r in rows if (r["device"], r["batch"], r["temperature"]) == (dev, B, T) and "tok_s" in r]
@@ -108,7 +109,10 @@ def hf_model_targets(rows, dev, T):
         need = 1.5 if B == 1 else 1.0
         for which, methods in (("draft model", ("HF-model engine", "HF-model adaptive")),
                                ("any drafter", ("HF-model engine", "HF-model adaptive", "HF-model ngram",
-                                                "HF-model hybrid"))):
+                                                "HF-model hybrid")),
+                               ("draft model, compiled", ("HF-model engine compiled", "HF-model adaptive compiled")),
+                               ("any drafter, compiled", ("HF-model engine compiled", "HF-model adaptive compiled",
+                                                          "HF-model ngram compiled"))):
             eng = [r for r in sel if r["method"] in methods]
             if not eng or not peer:
                 continue

@@ -93,3 +93,20 @@ def test_generate_cli_with_checkpoint_dirs_ids_and_metrics(capsys):
     out = capsys.readouterr().out.splitlines()
     assert len(out[0].split()) == 12 and all(t.isdigit() for t in out[0].split())
     assert out[-1].startswith("acceptance")
+
+
+def test_generate_cli_hf_compiled_gives_the_eager_text(capsys):
+    """--hf --compile: the transformers pair on torch.compile'd batched forwards prints the
+    same greedy text as the eager --hf run (and the summary line)."""
+    pytest.importorskip("transformers")
+    from specdec_ext import generate
+
+    argv = ["--prompt", "def fibonacci(n):", "--max-new-tokens", "16", "--hf", "--drafter", "model",
+            "--no-baseline", "--no-progress"]
+    texts = []
+    for extra in ([], ["--compile"]):
+        assert generate.main(argv + extra) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[-1].startswith("acceptance")
+        texts.append(out[0])
+    assert texts[0] == texts[1]

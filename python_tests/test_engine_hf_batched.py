@@ -3,7 +3,8 @@ warns when it falls back), greedy output equals generate() token for token for t
 Llama / Qwen2 / Mistral models in float64 (ragged batch of 3; K in {1, 4} and adaptive),
 the caches equal a fresh HF prefill of the emitted text, the first two tokens at T = 1
 follow the target's law (chi-square), the cache itself behaves as a transformers Cache,
-and (GPU only) an engine step does not sync with the host."""
+torch.compile'd forwards stay exact without recompiling per step, and (GPU only) an
+engine step does not sync with the host."""
 import copy
 import inspect
 import warnings
@@ -11,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from helpers import ragged_prompts
+from helpers import hf_fresh_prefill, ragged_prompts
 from specdec_ext import SpeculativeEngine
 from specdec_ext.errors import CacheFullError
 from specdec_ext.models import adapt
@@ -188,6 +189,51 @@ def test_sliding_window_caps_the_request():
     ref = target.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)  # fits the window
     out = SpeculativeEngine(target, _close_draft(target), k=2, adaptive_k=False).generate(ids, 8)
     assert torch.equal(out.sequences, ref)
+
+
+# ---------------------------------------------------------------- torch.compile
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_forwards_stay_exact_and_compile_a_few_graphs(backend):
+    """compile_decode(): the whole transformers forward, SpecDecCache.update and its
+    kv_append_ included, as ONE graph (fullgraph=True) under dynamic shapes (float32).
+    Greedy output of a ragged batch equals generate() with adaptive K, whose steps vary S
+    and every row's length; a second call with other lengths compiles nothing new; the
+    caches equal a fresh HF prefill of the emitted text."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    target = _model("llama", seed=1, dtype=torch.float32)
+    draft = _close_draft(target)
+    counters = CompileCounterWithBackend(backend), CompileCounterWithBackend(backend)
+    ct, cd = (HFBatchedSpecModel(m).compile_decode(backend=c, fullgraph=True)
+              for m, c in zip((target, draft), counters))
+    eng = SpeculativeEngine(ct, cd, k=4, adaptive_k="cost")
+    ids, mask = ragged_prompts()
+    for cut in (0, 1):  # the second call: shorter prompts, so every length differs
+        ids, mask = ids[:, cut:], mask[:, cut:]
+        ref = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
+        out = eng.generate(ids, 16, attention_mask=mask)
+        assert torch.equal(out.sequences, ref)
+        assert len({k for s in out.stats for k in s.ks}) > 1  # adaptive K: steps of several S ran
+        frames = [c.frame_count for c in counters]
+        # S = 1 and S > 1 steps (the prefill stays eager); dynamo may call a backend twice
+        # for one graph (a restarted trace), so up to 4 calls, against ~10 steps per model
+        assert all(1 <= f <= 4 for f in frames), frames
+    assert [c.frame_count for c in counters] == frames  # nothing recompiled for new lengths
+    for b in range(3):
+        seq = ids[b][mask[b].bool()].tolist() + out.generated[b]
+        cached = ct.cache_tensors(b)
+        assert len(seq) - cached[0][0].shape[-2] == 1
+        for (k1, v1), (k2, v2) in zip(cached, hf_fresh_prefill(target, seq[:-1])):
+            torch.testing.assert_close(k1, k2, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(v1, v2, rtol=1e-4, atol=1e-5)
+    assert ct.compiled and not ct.compile_decode(False).compiled
+
+
+def test_compile_refuses_float64_models():
+    """float64 caches ride as float32 word pairs (a dtype-changing view torch.compile
+    cannot trace through a mutation): a clear error up front, not a backend failure."""
+    with pytest.raises(ValueError, match="float64"):
+        HFBatchedSpecModel(_model("llama", seed=0)).compile_decode()
 
 
 # ---------------------------------------------------------------- GPU

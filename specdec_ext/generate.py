@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--hf", action="store_true", help="load with transformers instead of the reference model")
     ap.add_argument("--compile", action="store_true",
-                    help="torch.compile the reference model's decode steps (the first steps compile for seconds)")
+                    help="torch.compile the decode steps of both models (reference model, or --hf on the batched "
+                         "HF path; the first steps compile for seconds)")
     ap.add_argument("--metrics-port", type=_int_at_least(0), default=None,
                     help="serve /metrics on this port while running")
     ap.add_argument("--no-progress", action="store_true")
@@ -150,8 +151,6 @@ def check_args(ap: argparse.ArgumentParser, args) -> dict:
         ap.error(f"--prompt-ids: id {max(args.prompt_ids)} is outside the vocabulary [0, {V})")
     if args.eos_id is not None and V and args.eos_id >= V:
         ap.error(f"--eos-id {args.eos_id} is outside the vocabulary [0, {V})")
-    if args.compile and args.hf:
-        ap.error("--compile applies to the reference model, not to --hf")
     if args.prompt is not None and not os.path.exists(_tokenizer_path(args)):
         ap.error(f"--prompt needs a tokenizer: {_tokenizer_path(args)} not found (use --prompt-ids)")
     if args.prompt is not None and not args.prompt:
@@ -193,6 +192,18 @@ def _load(args):
         return bundled.load_pair(device=args.device, dtype=dtype, implementation="hf" if args.hf else "reference",
                                  check=False)
     return load_model(args.target, args.device, dtype, args.hf), load_model(args.draft, args.device, dtype, args.hf)
+
+
+def _compiled(model):
+    """The model with torch.compile'd decode steps: the reference model itself, a
+    transformers model on its batched SpecModel (the per-row HF path cannot compile)."""
+    if not hasattr(model, "compile_decode"):
+        from .models import adapt
+
+        model = adapt(model)
+        if not hasattr(model, "compile_decode"):
+            raise SystemExit(f"error: --compile needs the batched HF path, which {type(model).__name__} is not")
+    return model.compile_decode()
 
 
 def progress_bar(total: int, enabled: bool):
@@ -237,7 +248,7 @@ def run(args, cfg: dict) -> int:
     eos = _eos(args, cfg)
     target, draft = _load(args)
     if args.compile:
-        target, draft = target.compile_decode(), draft.compile_decode()
+        target, draft = _compiled(target), _compiled(draft)
     metrics = SpecDecMetrics(engine="cli") if args.metrics_port is not None else None
     server = metrics.serve(args.metrics_port) if metrics else None
     engine = SpeculativeEngine(target, None if args.drafter == "ngram" else draft, k=args.k,

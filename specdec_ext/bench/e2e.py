@@ -10,7 +10,11 @@ Same prompts, same max_new_tokens, one run, per device (CPU, and CUDA when prese
   and plain ``generate`` on the same weights (when transformers is installed; assisted and
   prompt-lookup generation are batch 1 only)
 * with ``--compile``: the n-gram engine on the reference model's torch.compile'd decode
-  steps, next to the eager row
+  steps, next to the eager row; with ``--hf`` too, ``HF-model ... compiled`` rows
+  (target-only, K = ``--hf-k``, adaptive, n-gram) on
+  :meth:`~specdec_ext.models.hf.HFBatchedSpecModel.compile_decode` forwards, each warmed
+  up (compiled) on one prompt before it is timed; their speedup is relative to the eager
+  HF-model target-only row
 * with ``--hf``: the engine on the same pair loaded through transformers (``HF-model``
   rows: target-only, K = ``--hf-k``, adaptive, n-gram, hybrid on the batched HF path, and K =
   ``--hf-k`` on the per-row compatibility path), next to HF's own rows; their speedup and
@@ -112,7 +116,7 @@ def run_hf(hf_target, hf_draft, temperature, groups, max_new, assisted, prompt_l
 
 def _hf_model_rows(add, hf_target, hf_draft, T, groups, args):
     """The engine on the transformers-loaded pair (batched path; one per-row row)."""
-    from ..models.hf import HFSpecModel
+    from ..models.hf import HFBatchedSpecModel, HFSpecModel
 
     k, n = args.hf_k, args.max_new_tokens
     run_engine(hf_target, hf_draft, 2, False, 0.0, groups[:1], 8)  # warm up
@@ -125,6 +129,14 @@ def _hf_model_rows(add, hf_target, hf_draft, T, groups, args):
         base)
     add("HF-model per-row", k, run_engine(HFSpecModel(hf_target), HFSpecModel(hf_draft), k, False, T, groups, n),
         base)
+    if args.compile:  # the same rows on torch.compile'd forwards; speedups stay relative to the eager base
+        ct, cd = HFBatchedSpecModel(hf_target).compile_decode(), HFBatchedSpecModel(hf_draft).compile_decode()
+        for method, (kk, adaptive, draft) in (("HF-model target-only compiled", (0, False, cd)),
+                                              ("HF-model engine compiled", (k, False, cd)),
+                                              ("HF-model adaptive compiled", (k, "cost", cd)),
+                                              ("HF-model ngram compiled", (k, "cost", None))):
+            run_engine(ct, draft, kk, adaptive, T, groups[:1], n)  # compiles every step kind outside the timing
+            add(method, kk if not adaptive else f"<={kk}", run_engine(ct, draft, kk, adaptive, T, groups, n), base)
 
 
 def bench_device(device, args, rows, bar):
@@ -162,7 +174,7 @@ def bench_device(device, args, rows, bar):
                 add("engine hybrid", f"<={max(args.k)}",
                     run_engine(target, draft, max(args.k), "cost", T, groups, args.max_new_tokens,
                                drafter="hybrid"))
-            if args.compile:  # the same n-gram engine on the compiled reference model (eager above)
+            if args.compile and not args.only_hf:  # the n-gram engine on the compiled reference model
                 compiled = copy.deepcopy(target).compile_decode()
                 run_engine(compiled, None, 2, False, T, groups[:1], 8)  # compile outside the timing
                 add("engine ngram compiled", f"<={max(args.k)}",
@@ -232,7 +244,8 @@ def main(argv):
     ap.add_argument("--plot", metavar="PNG", help="speedup vs K, measured and predicted (needs matplotlib)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--compile", action="store_true",
-                    help="add an 'engine ngram compiled' row: the n-gram engine on torch.compile'd decode steps")
+                    help="add an 'engine ngram compiled' row (the n-gram engine on torch.compile'd decode steps) "
+                         "and, with --hf, 'HF-model ... compiled' rows")
     ap.add_argument("--hf", action="store_true",
                     help="add HF-model rows: the engine on the pair loaded through transformers (batched HF path)")
     ap.add_argument("--hf-k", type=int, default=4, help="K of the fixed-K and per-row HF-model rows (default 4)")
@@ -245,7 +258,8 @@ def main(argv):
         devices.remove("cuda")
     try:
         from tqdm import tqdm
-        per_config = 4 + (0 if args.only_hf else len(args.k) + 3) + (5 if args.hf else 0)
+        per_config = (4 + (0 if args.only_hf else len(args.k) + 3 + args.compile)
+                      + (6 + 4 * args.compile if args.hf else 0))
         total = len(devices) * len(args.batch) * len(args.temperature) * per_config
         bar = tqdm(total=total, unit="run", file=sys.stderr, disable=args.no_progress, leave=False)
     except ImportError:

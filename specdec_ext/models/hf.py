@@ -8,7 +8,8 @@ Two wrappers; :func:`specdec_ext.models.adapt` picks one (see :func:`batched_sup
   ``transformers`` ``Cache`` backed by the package's :class:`~specdec_ext.KVCache`). Ragged
   rows get their own ``position_ids`` and the speculative mask
   (:func:`~specdec_ext.spec_attention_mask`); rollback is ``kv_rollback_`` on device
-  lengths (O(1), no host sync, no slicing).
+  lengths (O(1), no host sync, no slicing). ``compile_decode()`` runs its forwards
+  through ``torch.compile`` (the cache's update is traceable).
 - :class:`HFSpecModel`, the compatibility path for every other causal LM: one
   ``DynamicCache`` and one forward per row, rollback by cropping (reads ``num_kept`` on
   the host).
@@ -25,7 +26,7 @@ float mask is used as is by ``masking_utils``), ``position_ids``, ``use_cache`` 
 from __future__ import annotations
 
 import inspect
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 from transformers.cache_utils import Cache
@@ -324,7 +325,34 @@ class HFBatchedSpecModel(SpecModel):
         self.max_positions = min(caps) if caps else None
         self.step_cost_hint = float(sum(p.numel() for p in model.parameters()))
         self._cache_kw = _cache_kwarg(model)
+        self._run = model  # the model, or its torch.compile'd forward (compile_decode)
         self.cache: Optional[SpecDecCache] = None
+
+    def compile_decode(self, enable: bool = True, **options: Any) -> "HFBatchedSpecModel":
+        """Run every decode step through ``torch.compile(model, dynamic=True, **options)``
+        (``enable=False``: back to eager). Returns self. A prefill into empty rows stays
+        eager (a one-off step whose sizes would otherwise specialise the graph).
+
+        The whole transformers forward is traced, :meth:`SpecDecCache.update` included:
+        ``kv_append_`` is a custom op with a fake kernel, and the step's ``kv_len`` and
+        sizes stay symbolic (``dynamic=True``), so steps of any S, B and length reuse a few
+        graphs (one token of one row without a mask, and the masked steps; B = 1 and B > 1
+        compile apart). The first steps of each kind compile (seconds to a minute on a
+        CPU); warm up before timing. It pays where per-op Python overhead dominates the
+        forward, e.g. small models on a CPU; measure with ``bench e2e --hf --compile``.
+        float64 models raise ``ValueError``.
+        """
+        if enable and next(self.model.parameters()).dtype == torch.float64:
+            raise ValueError("compile_decode: float64 models cannot be compiled (their cache stores each float64 "
+                             "as two float32 words, a dtype-changing view that torch.compile cannot trace through "
+                             "kv_append_'s write); use float32, bfloat16 or float16, or stay eager")
+        self._run = torch.compile(self.model, dynamic=True, **options) if enable else self.model
+        return self
+
+    @property
+    def compiled(self) -> bool:
+        """True after :meth:`compile_decode` (and until ``compile_decode(False)``)."""
+        return self._run is not self.model
 
     def reset(self, batch_size: int, max_len: int) -> None:
         """B empty rows of up to ``max_len`` tokens (reuses the cache when B and max_len repeat)."""
@@ -353,9 +381,12 @@ class HFBatchedSpecModel(SpecModel):
         if input_ids.dim() != 2 or input_ids.shape[0] != cache.batch_size:
             raise ValueError(f"input_ids must be [B, S] with B = {cache.batch_size}, got {tuple(input_ids.shape)}")
         step = cache.begin_step(input_ids.shape[1])
+        # A prefill into empty rows (kv_len == S) stays eager: compiled first, it would pin
+        # kv_len == S into the graph (duck sizing) and make the decode steps recompile.
+        run = self._run if step.kv_len > step.num_tokens else self.model
         try:
-            out = self.model(input_ids=input_ids, attention_mask=step.mask, position_ids=step.positions,
-                             use_cache=True, **{self._cache_kw: cache})
+            out = run(input_ids=input_ids, attention_mask=step.mask, position_ids=step.positions,
+                      use_cache=True, **{self._cache_kw: cache})
         except BaseException:
             cache.end_step(commit=False)
             raise
