@@ -2,8 +2,8 @@
 online cost fit and the policies' choices."""
 import pytest
 
-from specdec_ext.engine.adaptive_k import (AcceptanceEstimator, CostModelPolicy, StepCosts, ThresholdPolicy,
-                                    expected_tokens, make_policy, predicted_speedup)
+from specdec_ext.engine.adaptive_k import (AcceptanceEstimator, CostModelPolicy, PerRowK, StepCosts, ThresholdPolicy,
+                                           expected_tokens, make_policy, predicted_speedup)
 
 
 def test_expected_tokens_and_speedup_closed_form():
@@ -68,3 +68,17 @@ def test_step_costs_freeze_after_warm_up():
     c.add_target(1, 100.0)
     c.add_draft(50.0)
     assert (c.target(1), c.draft()) == before
+
+
+def test_shared_rows_take_one_k_own_rows_their_own():
+    """Rows whose text does not depend on K share one choice (the joint rate of all their
+    estimates) and get the step's K; the other rows choose alone."""
+    costs = StepCosts(draft_guess=0.2, target_guess=1.0, frozen=True)
+    alphas = {0: 0.95, 1: 0.05, 2: 0.05}
+    alone = PerRowK("cost", 4, 3).choose(alphas, costs)
+    assert alone[0] == 4 and alone[1] == alone[2] == 0
+    mixed = PerRowK("cost", 4, 3, shared_rows={0, 1}).choose(alphas, costs)
+    assert mixed[0] == mixed[1] >= 1 and mixed[2] == 0     # row 1 tests the drafts made for row 0
+    lifted = PerRowK("cost", 4, 3, shared_rows={1, 2}).choose(alphas, costs)
+    assert lifted == {0: 4, 1: 4, 2: 4}                   # an own row's larger K is the step's K
+    assert PerRowK("fixed", 3, 2, shared_rows={0}).choose({0: 0.1, 1: 0.9}, costs) == {0: 3, 1: 3}

@@ -8,16 +8,17 @@ maximises expected tokens per second (K = 0: plain decoding, when drafting does 
 pay). :class:`ThresholdPolicy` is the simple rule (alpha below 40% -> K = 2, back up when
 it recovers); :class:`FixedK` never changes.
 
-The engine chooses K per row (:class:`PerRowK`): each row runs its own policy on its own
-acceptance estimate, as if it were decoded alone. The step drafts to the largest of these
-K and verify tests each row's own K (``num_drafts``). Drafts past a row's K are computed
-anyway (dense shapes), but a row's text and statistics then depend only on its own
-history, and a row whose draft is poor does not hold back (or get held back by) the
-others' choices.
+The engine chooses K per row (:class:`PerRowK`). A row sampled exactly at T > 0 runs its
+own policy on its own acceptance estimate, as if it were decoded alone, so its text (which
+depends on K at T > 0) and statistics depend only on its own history. Rows whose text
+does not depend on K (greedy rows, and every row in coupled mode) share one policy over
+all their estimates: the step is one batched forward whatever K each row tests, so they
+test every draft the step makes (the largest K chosen). The step drafts to the largest K
+and verify tests each row's own K (``num_drafts``).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import AbstractSet, Dict, List, Optional, Sequence
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -171,14 +172,23 @@ class ThresholdPolicy:
 
 class PerRowK:
     """One policy object per row (so probe counters and hysteresis are per row), each
-    choosing its row's K from that row's acceptance estimate alone."""
+    choosing its row's K from that row's acceptance estimate alone, and one shared policy
+    for the rows in ``shared_rows`` (whose text does not depend on K: greedy rows, or every
+    row in coupled mode), choosing from all their estimates at once."""
 
-    def __init__(self, kind: str, k: int, num_rows: int):
+    def __init__(self, kind: str, k: int, num_rows: int, shared_rows: AbstractSet[int] = frozenset()):
         self.policies = [make_policy(kind, k) for _ in range(num_rows)]
+        self.shared, self.shared_rows = make_policy(kind, k), frozenset(shared_rows)
 
     def choose(self, alphas: Dict[int, float], costs: StepCosts) -> Dict[int, int]:
-        """alphas {row: estimate} of the active rows -> {row: K in [0, k]}."""
-        return {b: self.policies[b].choose([a], costs) for b, a in alphas.items()}
+        """alphas {row: estimate} of the active rows -> {row: K in [0, k]}. A shared row
+        gets the step's K: the largest of the shared choice and the own rows' choices."""
+        ks = {b: self.policies[b].choose([a], costs) for b, a in alphas.items() if b not in self.shared_rows}
+        shared = [b for b in alphas if b in self.shared_rows]
+        if shared:
+            k = max([self.shared.choose([alphas[b] for b in shared], costs)] + list(ks.values()))
+            ks.update({b: k for b in shared})
+        return ks
 
 
 def make_policy(kind: str, k: int, k_max: Optional[int] = None):

@@ -17,9 +17,11 @@ acceptance counts need no padding inside the caches. Rows stop independently and
 emit a token past EOS or max_new_tokens; a finished row keeps running in the batch (its
 results are ignored and its caches are not advanced).
 
-K per row: each active row chooses its own K (:class:`.adaptive_k.PerRowK`); the step
-drafts to the largest and verify's ``num_drafts`` tells it each row's K. Finished rows get
-K = 0 and are not counted in stats or metrics.
+K per row (:class:`.adaptive_k.PerRowK`): each active row sampled at T > 0 chooses its own
+K; greedy rows (and all rows in coupled mode), whose text does not depend on K, share one
+choice from all their acceptance estimates and test every draft of the step. The step
+drafts to the largest K and verify's ``num_drafts`` tells it each row's K. Finished rows
+get K = 0 and are not counted in stats or metrics.
 
 Sampling: temperature and the top-k / top-p / min-p filters (numbers or per-row tensors)
 go to both the draft's :func:`specdec_ext.sample` (so ``draft_probs`` is the filtered q)
@@ -93,7 +95,8 @@ class SpeculativeEngine:
         Drafts per step (the maximum when adaptive). 0 = plain decoding with the target.
     adaptive_k : bool | 'fixed' | 'cost' | 'threshold'
         False/'fixed': always k. True/'cost': each row's acceptance estimate and a cost
-        model choose that row's K in [0, k] to maximise its expected tokens per second.
+        model choose that row's K in [0, k] to maximise its expected tokens per second
+        (greedy / coupled rows: one K for all of them, maximising their summed rate).
         'threshold': a row's alpha below 40% -> K = 2, back to k when it recovers.
     metrics : SpecDecMetrics, optional
         Prometheus metrics to update each step.
@@ -213,7 +216,7 @@ class SpeculativeEngine:
                                 self._to_device(seed) if isinstance(seed, torch.Tensor) else seed)
         pad = self.pad_token_id if self.pad_token_id is not None else (min(eos) if eos else 0)
         run = Run(ids, prompts, max_new_tokens, eos, pad, sampling, bool((temps == 0).all()),
-                  StepKeys(self.k_max, self.verify_mode == "coupled"), PerRowK(self.policy_kind, self.k_max, B), costs,
+                  StepKeys(self.k_max, self.verify_mode == "coupled"), self._policy(temps), costs,
                   self._to_device(torch.tensor([p[-1] for p in prompts], dtype=torch.int64)))
         run.draft_model = self.draft is not None
         self._set_positions(run)
@@ -224,6 +227,12 @@ class SpeculativeEngine:
         if max_new_tokens > 0:
             run.cache_len = self._prepare_caches(prompts, max_new_tokens)
         return run
+
+    def _policy(self, temps: torch.Tensor) -> PerRowK:
+        """Per-row K; greedy rows, and every row in coupled mode, share one choice (their
+        text does not depend on K). temps: Tensor [B] float32 CPU."""
+        shared = range(len(temps)) if self.verify_mode == "coupled" else (temps == 0).nonzero().flatten().tolist()
+        return PerRowK(self.policy_kind, self.k_max, len(temps), frozenset(shared))
 
     def _costs(self, seeded: bool) -> StepCosts:
         """The cost model adaptive K starts from (see the ``step_costs`` parameter)."""
