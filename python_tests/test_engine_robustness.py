@@ -40,19 +40,6 @@ def test_seeded_runs_reproduce_for_models_without_a_cost_hint():
     assert outs[0].generated == outs[1].generated and outs[0].stats[0].ks == outs[1].stats[0].ks
 
 
-@pytest.mark.parametrize("temperature,mode,frozen", [(1.0, "exact", True), (0.0, "exact", False),
-                                                     (1.0, "coupled", False)])
-def test_a_seed_freezes_the_cost_model_only_when_k_changes_the_text(temperature, mode, frozen):
-    """Exact mode at T > 0: K changes the text, so a seeded run must not let timings pick K.
-    Greedy and coupled text does not depend on K: measured costs even with a seed."""
-    eng = SpeculativeEngine(BigramModel(_table(1)), BigramModel(_table(2)), k=4, verify_mode=mode)
-    run = eng._start(torch.tensor([[1, 2]]), 8, temperature, 3, None, None, dict(top_k=None, top_p=None, min_p=None))
-    assert run.costs.frozen is frozen
-    unseeded = eng._start(torch.tensor([[1, 2]]), 8, temperature, None, None, None,
-                          dict(top_k=None, top_p=None, min_p=None))
-    assert unseeded.costs.frozen is False
-
-
 # ---------------------------------------------------------------- misuse
 def test_the_same_wrapper_as_target_and_draft_is_refused():
     m = BigramModel(_table(1))

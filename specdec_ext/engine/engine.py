@@ -29,13 +29,11 @@ and :func:`specdec_ext.verify` (which tests against the filtered p'): the output
 the filtered target law exactly.
 
 Randomness and K: every draw is keyed by :class:`.rng_keys.StepKeys` (that module documents
-seeds and offsets). With a ``seed`` the run is reproducible. In ``verify_mode="exact"`` a
-different K (or draft) gives a different, equally exact, text at T > 0, so a seeded run
-with a row at T > 0 chooses K from a frozen cost model (the models' parameter counts, see
-:func:`.adaptive_k.hinted_costs`) instead of measured timings. Greedy text, and in
-``verify_mode="coupled"`` the text (target-only sampling with the same seed), do not
-depend on K or the draft: such runs measure step times even with a seed (their K choices,
-not their text, may then differ between runs).
+seeds and offsets). With a ``seed`` the run is reproducible: adaptive K then uses a frozen
+cost model (the models' parameter counts, see :func:`.adaptive_k.hinted_costs`) instead of
+measured timings. In ``verify_mode="exact"`` a different K (or draft) gives a different,
+equally exact, text at T > 0; in ``verify_mode="coupled"`` the text is target-only sampling
+with the same seed, whatever K and the draft.
 """
 from __future__ import annotations
 
@@ -106,9 +104,8 @@ class SpeculativeEngine:
         Fills ``sequences`` after a row stops (default: the smallest eos id, else 0).
     step_costs : StepCosts, optional
         The cost model adaptive K starts from. Default: frozen at the models' parameter
-        ratio when ``generate`` gets a seed and a row samples at T > 0 in exact mode (its
-        text depends on K), measured online otherwise; with n-gram drafting a draft step
-        costs nothing.
+        ratio when ``generate`` gets a seed (reproducible), measured online otherwise; with
+        n-gram drafting a draft step costs nothing.
     drafter : 'auto' | 'model' | 'ngram' | 'hybrid'
         'auto': the draft model if one is given, else n-gram. 'hybrid': n-gram drafts
         (:mod:`.ngram`: the tokens that followed the latest earlier occurrence of the row's
@@ -211,8 +208,7 @@ class SpeculativeEngine:
         temps = check_temperature_rows(temperature, B)
         filters = check_filters(B, **filters)
         eos, seed = check_eos(eos_token_id, V), check_seed(seed, B)
-        k_free = self.verify_mode == "coupled" or bool((temps == 0).all())  # no row's text depends on K
-        costs = self._costs(seed is not None and not k_free)
+        costs = self._costs(seed is not None)
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())  # CPU generator: no sync
         sampling = SamplingArgs(self._to_device(temps), {n: self._to_device(v) if isinstance(v, torch.Tensor) else v
@@ -238,14 +234,13 @@ class SpeculativeEngine:
         shared = range(len(temps)) if self.verify_mode == "coupled" else (temps == 0).nonzero().flatten().tolist()
         return PerRowK(self.policy_kind, self.k_max, len(temps), frozenset(shared))
 
-    def _costs(self, frozen: bool) -> StepCosts:
-        """The cost model adaptive K starts from (see the ``step_costs`` parameter); frozen:
-        K must not follow measured timings (a seeded run whose text depends on K)."""
+    def _costs(self, seeded: bool) -> StepCosts:
+        """The cost model adaptive K starts from (see the ``step_costs`` parameter)."""
         if self.step_costs is not None:
             return copy.deepcopy(self.step_costs)
         if self.draft is None:  # n-gram drafting costs about nothing
             return StepCosts(draft_guess=0.0, target_guess=1.0, frozen=True)
-        if frozen:  # reproducible: K must not follow measured timings
+        if seeded:  # reproducible: K must not follow measured timings
             return hinted_costs(self.target.step_cost_hint, self.draft.step_cost_hint) or StepCosts(frozen=True)
         return StepCosts(freeze_after=16)  # measured over a warm-up, then frozen: K does not follow timing noise
 
