@@ -229,6 +229,18 @@ def test_compiled_forwards_stay_exact_and_compile_a_few_graphs(backend):
     assert ct.compiled and not ct.compile_decode(False).compiled
 
 
+def test_cli_compile_needs_the_batched_path():
+    """generate --compile on a model only the per-row path serves: a one-line error."""
+    from specdec_ext import generate
+
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=97, n_embd=32, n_layer=1, n_head=2,
+                                                                n_positions=64)).eval()
+    with pytest.warns(UserWarning, match="per-row"), pytest.raises(SystemExit, match="batched HF path"):
+        generate._compiled(gpt2)
+    assert generate._compiled(_model("llama", seed=0, dtype=torch.float32)).compiled
+
+
 def test_compile_refuses_float64_models():
     """float64 caches ride as float32 word pairs (a dtype-changing view torch.compile
     cannot trace through a mutation): a clear error up front, not a backend failure."""
