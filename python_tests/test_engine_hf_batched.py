@@ -19,7 +19,8 @@ from specdec_ext.models import adapt
 from stats_reference import ALPHA, chi_square_pvalue
 
 transformers = pytest.importorskip("transformers")
-from specdec_ext.models.hf import BATCHED_MODEL_TYPES, HFBatchedSpecModel, HFSpecModel, SpecDecCache  # noqa: E402
+from specdec_ext.models.hf import (BATCHED_MODEL_TYPES, RECOMPILE_LIMIT, HFBatchedSpecModel, HFSpecModel,  # noqa: E402
+                                   SpecDecCache)
 
 FAMILIES = ("llama", "qwen2", "mistral")
 
@@ -227,6 +228,7 @@ def test_compiled_forwards_stay_exact_and_compile_a_few_graphs(backend):
             torch.testing.assert_close(k1, k2, rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(v1, v2, rtol=1e-4, atol=1e-5)
     assert ct.compiled and not ct.compile_decode(False).compiled
+    assert torch._dynamo.config.recompile_limit >= RECOMPILE_LIMIT  # models share one forward code object
 
 
 def test_cli_compile_needs_the_batched_path():

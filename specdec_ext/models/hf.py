@@ -36,8 +36,8 @@ from ..errors import CacheFullError
 from .base import SpecModel
 from .llama_cache import ContiguousLlamaCache, LlamaCacheStep
 
-__all__ = ["BATCHED_MODEL_TYPES", "HFBatchedSpecModel", "HFSpecModel", "SpecDecCache", "batched_support",
-           "sliding_window"]
+__all__ = ["BATCHED_MODEL_TYPES", "HFBatchedSpecModel", "HFSpecModel", "RECOMPILE_LIMIT", "SpecDecCache",
+           "batched_support", "sliding_window"]
 
 #: ``config.model_type`` of the families whose decoder attention (eager and sdpa) adds a
 #: 4D float ``attention_mask`` as given, with no attention sinks, chunking or per-layer
@@ -299,6 +299,18 @@ class SpecDecCache(Cache):
         return self._kv.layer_view(layer_idx)
 
 
+#: the least ``torch._dynamo.config.recompile_limit`` :meth:`HFBatchedSpecModel.compile_decode` sets
+RECOMPILE_LIMIT = 64
+
+
+def _raise_recompile_limit() -> None:
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"  # older torch
+    setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
+
+
 class HFBatchedSpecModel(SpecModel):
     """A ``transformers`` decoder-only causal LM of a :data:`BATCHED_MODEL_TYPES` family
     (``eager`` or ``sdpa`` attention) on a :class:`SpecDecCache`: one forward per step.
@@ -341,11 +353,19 @@ class HFBatchedSpecModel(SpecModel):
         CPU); warm up before timing. It pays where per-op Python overhead dominates the
         forward, e.g. small models on a CPU; measure with ``bench e2e --hf --compile``.
         float64 models raise ``ValueError``.
+
+        Every model of a transformers class shares one forward code object, and dynamo
+        caps the graphs per code object (``torch._dynamo.config.recompile_limit``,
+        default 8; past it the forward silently runs eager). A target and a draft at two
+        batch sizes need up to 12, so this raises the cap to at least
+        :data:`RECOMPILE_LIMIT` (a process-wide setting).
         """
         if enable and next(self.model.parameters()).dtype == torch.float64:
             raise ValueError("compile_decode: float64 models cannot be compiled (their cache stores each float64 "
                              "as two float32 words, a dtype-changing view that torch.compile cannot trace through "
                              "kv_append_'s write); use float32, bfloat16 or float16, or stay eager")
+        if enable:
+            _raise_recompile_limit()
         self._run = torch.compile(self.model, dynamic=True, **options) if enable else self.model
         return self
 
