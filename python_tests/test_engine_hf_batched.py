@@ -252,6 +252,20 @@ def test_compile_refuses_float64_models():
 
 # ---------------------------------------------------------------- GPU
 @pytest.mark.cuda
+def test_compiled_forwards_stay_exact_cuda():
+    """compile_decode on the GPU (aot_eager: the trace with the CUDA kv_append_, quick to
+    build): greedy output of a ragged batch equals generate()."""
+    target = _model("llama", seed=1, dtype=torch.float32).cuda()
+    draft = _close_draft(target)
+    ids, mask = ragged_prompts()
+    ref = target.generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=12, do_sample=False,
+                          pad_token_id=0).cpu()
+    ct, cd = (HFBatchedSpecModel(m).compile_decode(backend="aot_eager", fullgraph=True) for m in (target, draft))
+    out = SpeculativeEngine(ct, cd, k=3, adaptive_k=False).generate(ids, 12, attention_mask=mask)
+    assert torch.equal(out.sequences, ref)
+
+
+@pytest.mark.cuda
 def test_hf_batched_engine_step_has_no_hidden_sync_cuda():
     """sdpa and eager: every phase of a step runs under set_sync_debug_mode('error') (the
     engine's debug_sync) apart from the step's one device->host copy."""
