@@ -82,3 +82,8 @@ def test_shared_rows_take_one_k_own_rows_their_own():
     lifted = PerRowK("cost", 4, 3, shared_rows={1, 2}).choose(alphas, costs)
     assert lifted == {0: 4, 1: 4, 2: 4}                   # an own row's larger K is the step's K
     assert PerRowK("fixed", 3, 2, shared_rows={0}).choose({0: 0.1, 1: 0.9}, costs) == {0: 3, 1: 3}
+    # caps (token budgets) apply before the lift: an own row capped to 0 lifts nobody
+    capped = PerRowK("cost", 4, 3, shared_rows={1, 2}).choose(alphas, costs, caps={0: 0, 1: 4, 2: 1})
+    assert capped == {0: 0, 1: 0, 2: 0}
+    assert PerRowK("fixed", 4, 2, shared_rows={0, 1}).choose({0: 0.5, 1: 0.5}, costs, caps={0: 4, 1: 2}) == \
+        {0: 4, 1: 2}

@@ -14,7 +14,7 @@ depends on K at T > 0) and statistics depend only on its own history. Rows whose
 does not depend on K (greedy rows, and every row in coupled mode) share one policy over
 all their estimates: the step is one batched forward whatever K each row tests, so they
 test every draft the step makes (the largest K chosen). The step drafts to the largest K
-and verify tests each row's own K (``num_drafts``).
+and verify tests each row's K (``num_drafts``).
 """
 from __future__ import annotations
 
@@ -180,14 +180,19 @@ class PerRowK:
         self.policies = [make_policy(kind, k) for _ in range(num_rows)]
         self.shared, self.shared_rows = make_policy(kind, k), frozenset(shared_rows)
 
-    def choose(self, alphas: Dict[int, float], costs: StepCosts) -> Dict[int, int]:
-        """alphas {row: estimate} of the active rows -> {row: K in [0, k]}. A shared row
-        gets the step's K: the largest of the shared choice and the own rows' choices."""
-        ks = {b: self.policies[b].choose([a], costs) for b, a in alphas.items() if b not in self.shared_rows}
+    def choose(self, alphas: Dict[int, float], costs: StepCosts,
+               caps: Optional[Dict[int, int]] = None) -> Dict[int, int]:
+        """alphas {row: estimate} of the active rows -> {row: K in [0, k]}; caps {row: the
+        most K the row may take} (its token budget; default no cap). A shared row gets the
+        step's K: the largest of the shared choice and the own rows' (capped) choices,
+        capped by its own cap."""
+        cap = (lambda b, k: min(k, caps[b])) if caps is not None else (lambda b, k: k)
+        ks = {b: cap(b, self.policies[b].choose([a], costs)) for b, a in alphas.items()
+              if b not in self.shared_rows}
         shared = [b for b in alphas if b in self.shared_rows]
         if shared:
             k = max([self.shared.choose([alphas[b] for b in shared], costs)] + list(ks.values()))
-            ks.update({b: k for b in shared})
+            ks.update({b: cap(b, k) for b in shared})
         return ks
 
 

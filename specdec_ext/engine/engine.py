@@ -96,7 +96,8 @@ class SpeculativeEngine:
     adaptive_k : bool | 'fixed' | 'cost' | 'threshold'
         False/'fixed': always k. True/'cost': each row's acceptance estimate and a cost
         model choose that row's K in [0, k] to maximise its expected tokens per second
-        (greedy / coupled rows: one K for all of them, maximising their summed rate).
+        (greedy / coupled rows: one K for all of them, maximising their summed rate, or
+        the largest K another row chose when that is larger).
         'threshold': a row's alpha below 40% -> K = 2, back to k when it recovers.
     metrics : SpecDecMetrics, optional
         Prometheus metrics to update each step.
@@ -323,7 +324,7 @@ class SpeculativeEngine:
 
     def _account(self, run: Run, k: int, commits, phases, step_s: float) -> None:
         """Phase times, the cost model's measurements and the metrics of one step (K: the
-        step's largest row K; the metrics count each active row's own K)."""
+        step's largest row K; the metrics count each active row's K)."""
         draft_s, target_s, verify_s = phases
         p = run.phase
         p.draft, p.target, p.verify = p.draft + draft_s, p.target + target_s, p.verify + verify_s

@@ -11,7 +11,7 @@ SpecDecMetrics has a registry of its own.
 | metric | type | meaning |
 |---|---|---|
 | speculative_tokens_generated_total | counter | tokens emitted |
-| speculative_tokens_drafted_total | counter | draft tokens tested (each active row's own K, per step) |
+| speculative_tokens_drafted_total | counter | draft tokens tested (each active row's K, per step) |
 | speculative_tokens_accepted_total | counter | draft tokens accepted by verify |
 | speculative_tokens_accepted_per_position_total{position} | counter | acceptances at draft position i (0-based) |
 | speculative_steps_total | counter | engine steps (draft + verify rounds) |

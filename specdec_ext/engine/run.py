@@ -55,16 +55,19 @@ class Run:
         self.alpha = AcceptanceEstimator(B)
 
     def choose_ks(self) -> List[int]:
-        """Each row's K for this step (0 for a finished row): its own policy's choice from its
-        own acceptance estimate, clipped so that the row does not draft past its token budget
-        (a step emits at most K + 1 tokens) and so that every row, finished ones included
-        (they still run in the batch), can take the step's max K + 1 entries: the target
-        holds prompt - 1 + generated entries of a row, the draft never more."""
+        """Each row's K for this step (0 for a finished row), from :class:`PerRowK`: a row at
+        T > 0 (exact mode) its own policy's choice from its own acceptance estimate, a greedy
+        / coupled row the step's K (the shared choice, or a larger own-row choice). Every
+        choice is capped first so that the row does not draft past its token budget (a
+        step emits at most K + 1 tokens) and so that every row, finished ones included (they
+        still run in the batch), can take the step's max K + 1 entries: the target holds
+        prompt - 1 + generated entries of a row, the draft never more."""
         B = len(self.prompts)
-        chosen = self.policy.choose({b: self.alpha.alpha(b) for b in range(B) if self.active[b]}, self.costs)
         room = min(self.cache_len - len(p) - len(g) for p, g in zip(self.prompts, self.generated))
-        return [max(0, min(chosen[b], self.max_new_tokens - len(self.generated[b]) - 1, room)) if b in chosen else 0
-                for b in range(B)]
+        caps = {b: max(0, min(self.max_new_tokens - len(self.generated[b]) - 1, room))
+                for b in range(B) if self.active[b]}
+        chosen = self.policy.choose({b: self.alpha.alpha(b) for b in caps}, self.costs, caps)
+        return [chosen.get(b, 0) for b in range(B)]
 
     def apply(self, commits: List[Optional[RowCommit]], k: int) -> None:
         """Record the step's commits (rows of None are finished rows); ``k``: the step's K

@@ -349,8 +349,9 @@ class HFBatchedSpecModel(SpecModel):
         ``kv_append_`` is a custom op with a fake kernel, and the step's ``kv_len`` and
         sizes stay symbolic (``dynamic=True``), so steps of any S, B and length reuse a few
         graphs (one token of one row without a mask, and the masked steps; B = 1 and B > 1
-        compile apart). The first steps of each kind compile (seconds to a minute on a
-        CPU); warm up before timing. It pays where per-op Python overhead dominates the
+        compile apart; a first step whose sizes happen to coincide, e.g. S == B, may
+        specialise on that and compile once more). The first steps of each kind compile
+        (seconds to a minute on a CPU); warm up before timing. It pays where per-op Python overhead dominates the
         forward, e.g. small models on a CPU; measure with ``bench e2e --hf --compile``.
         float64 models raise ``ValueError``.
 
