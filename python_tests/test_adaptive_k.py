@@ -1,6 +1,8 @@
 """The adaptive-K building blocks: Leviathan's formulas, the acceptance estimate, the
 online cost fit and the policies' choices."""
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specdec_ext.engine.adaptive_k import (AcceptanceEstimator, CostModelPolicy, PerRowK, StepCosts, ThresholdPolicy,
                                            expected_tokens, make_policy, predicted_speedup)
@@ -87,3 +89,24 @@ def test_shared_rows_take_one_k_own_rows_their_own():
     assert capped == {0: 0, 1: 0, 2: 0}
     assert PerRowK("fixed", 4, 2, shared_rows={0, 1}).choose({0: 0.5, 1: 0.5}, costs, caps={0: 4, 1: 2}) == \
         {0: 4, 1: 2}
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.tuples(st.floats(0.0, 1.0), st.integers(0, 6), st.booleans()), min_size=1, max_size=8),
+       kind=st.sampled_from(["cost", "threshold", "fixed"]), k=st.integers(0, 6), draft=st.floats(0.0, 3.0))
+def test_per_row_k_respects_caps_and_shares_one_k(rows, kind, k, draft):
+    """Any estimates, caps and shared set: every K lies in [0, min(k, cap)]; an own row
+    gets its policy's choice (capped), exactly as alone; the shared rows get one K, the
+    largest of the shared choice and the own rows' capped choices, each capped."""
+    alphas = {b: a for b, (a, _, _) in enumerate(rows)}
+    caps = {b: c for b, (_, c, _) in enumerate(rows)}
+    shared = {b for b, (_, _, sh) in enumerate(rows) if sh}
+    costs = StepCosts(draft_guess=draft, target_guess=1.0, frozen=True)
+    got = PerRowK(kind, k, len(rows), shared).choose(alphas, costs, caps)
+    assert set(got) == set(alphas)
+    assert all(0 <= got[b] <= min(k, caps[b]) for b in got)
+    own = {b: min(make_policy(kind, k).choose([alphas[b]], costs), caps[b]) for b in alphas if b not in shared}
+    assert {b: got[b] for b in own} == own
+    if shared:
+        step = max([make_policy(kind, k).choose([alphas[b] for b in sorted(shared)], costs)] + list(own.values()))
+        assert {b: got[b] for b in shared} == {b: min(step, caps[b]) for b in shared}
