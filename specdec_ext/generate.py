@@ -222,9 +222,10 @@ def progress_bar(total: int, enabled: bool):
     return bar, update
 
 
-def _filters(args) -> dict:
-    """generate()'s top_k / top_p / min_p keyword arguments from the flags."""
-    return dict(top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
+def _sampling(args) -> dict:
+    """generate()'s sampling keyword arguments from the flags: temperature, seed, top_k,
+    top_p, min_p (the same for the timed run, its warm-ups and the baseline)."""
+    return dict(temperature=args.temperature, seed=args.seed, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
 
 
 def _mode(args) -> str:
@@ -233,8 +234,7 @@ def _mode(args) -> str:
 
 def _timed(engine, ids, args, eos, progress=None):
     t0 = time.perf_counter()
-    out = engine.generate(ids, args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                          eos_token_id=eos, progress=progress, **_filters(args))
+    out = engine.generate(ids, args.max_new_tokens, eos_token_id=eos, progress=progress, **_sampling(args))
     return out, time.perf_counter() - t0
 
 
@@ -258,7 +258,7 @@ def run(args, cfg: dict) -> int:
     ids = torch.tensor([prompt_ids], dtype=torch.int64)
     # Warm-up; with --compile the whole request, so every step kind compiles outside the timing.
     warm = args.max_new_tokens if args.compile else min(4, args.max_new_tokens)
-    engine.generate(ids, warm, temperature=args.temperature, seed=args.seed, **_filters(args))
+    engine.generate(ids, warm, **_sampling(args))
     bar, update = progress_bar(args.max_new_tokens, not args.no_progress and args.max_new_tokens >= 32)
     out, elapsed = _timed(engine, ids, args, eos, update)
     if bar is not None:
@@ -268,8 +268,7 @@ def run(args, cfg: dict) -> int:
     speed = ""
     if not args.no_baseline:
         plain = SpeculativeEngine(target, None, k=0, adaptive_k=False, verify_mode=_mode(args))
-        plain.generate(ids, min(4, args.max_new_tokens), temperature=args.temperature, seed=args.seed,
-                       **_filters(args))  # warm-up (compiles its one-token step under --compile)
+        plain.generate(ids, min(4, args.max_new_tokens), **_sampling(args))  # warm-up (compiles under --compile)
         base, base_s = _timed(plain, ids, args, eos)
         base_tok_s = base.stats[0].tokens_generated / base_s if base_s > 0 else 0.0
         ratio = f"{tok_s / base_tok_s:.2f}x" if base_tok_s > 0 else "n/a (no tokens)"

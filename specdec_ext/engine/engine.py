@@ -46,6 +46,7 @@ import torch
 from .._validate import check_int
 from ..errors import CacheFullError, OutOfBlocksError
 from ..models.base import adapt
+from ..ops._args import mode_arg
 from .adaptive_k import PerRowK, StepCosts, hinted_costs
 from .commit import commit_step
 from .inputs import SamplingArgs, check_eos, check_filters, check_prompts, check_seed, check_temperature_rows
@@ -62,7 +63,6 @@ __all__ = ["SpeculativeEngine"]
 
 _POLICIES = {True: "cost", False: "fixed", "cost": "cost", "fixed": "fixed", "threshold": "threshold"}
 _DRAFTERS = ("auto", "model", "ngram", "hybrid")
-_VERIFY_MODES = ("exact", "coupled")
 
 
 def _drafter(draft, drafter: str):
@@ -128,9 +128,7 @@ class SpeculativeEngine:
                  step_costs: Optional[StepCosts] = None, drafter: str = "auto", max_ngram: int = 3,
                  verify_mode: str = "exact"):
         self.k_max = check_int("k", k, 0)
-        if not isinstance(verify_mode, str) or verify_mode not in _VERIFY_MODES:
-            raise ValueError(f"verify_mode must be one of {_VERIFY_MODES}, got {verify_mode!r}")
-        self.verify_mode = verify_mode
+        self.coupled = mode_arg(verify_mode, "verify_mode")  # verify_mode == "coupled"
         self.max_ngram = check_int("max_ngram", max_ngram, 1)
         draft, self.drafter = _drafter(draft, drafter)
         if not isinstance(adaptive_k, (bool, str)) or adaptive_k not in _POLICIES:
@@ -217,7 +215,7 @@ class SpeculativeEngine:
                                 self._to_device(seed) if isinstance(seed, torch.Tensor) else seed)
         pad = self.pad_token_id if self.pad_token_id is not None else (min(eos) if eos else 0)
         run = Run(ids, prompts, max_new_tokens, eos, pad, sampling, bool((temps == 0).all()),
-                  StepKeys(self.k_max, self.verify_mode == "coupled"), self._policy(temps), costs,
+                  StepKeys(self.k_max, self.coupled), self._policy(temps), costs,
                   self._to_device(torch.tensor([p[-1] for p in prompts], dtype=torch.int64)))
         run.draft_model = self.draft is not None
         self._set_positions(run)
@@ -232,7 +230,7 @@ class SpeculativeEngine:
     def _policy(self, temps: torch.Tensor) -> PerRowK:
         """Per-row K; greedy rows, and every row in coupled mode, share one choice (their
         text does not depend on K). temps: Tensor [B] float32 CPU."""
-        shared = range(len(temps)) if self.verify_mode == "coupled" else (temps == 0).nonzero().flatten().tolist()
+        shared = range(len(temps)) if self.coupled else (temps == 0).nonzero().flatten().tolist()
         return PerRowK(self.policy_kind, self.k_max, len(temps), frozenset(shared))
 
     def _costs(self, seeded: bool) -> StepCosts:

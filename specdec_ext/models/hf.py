@@ -351,8 +351,9 @@ class HFBatchedSpecModel(SpecModel):
         graphs (one token of one row without a mask, and the masked steps; B = 1 and B > 1
         compile apart; a first step whose sizes happen to coincide, e.g. S == B, may
         specialise on that and compile once more). The first steps of each kind compile
-        (seconds to a minute on a CPU); warm up before timing. It pays where per-op Python overhead dominates the
-        forward, e.g. small models on a CPU; measure with ``bench e2e --hf --compile``.
+        (seconds to a minute on a CPU); warm up before timing. It pays where per-op Python
+        overhead dominates the forward, e.g. small models on a CPU; measure with
+        ``bench e2e --hf --compile``.
         float64 models raise ``ValueError``.
 
         Every model of a transformers class shares one forward code object, and dynamo
@@ -361,13 +362,15 @@ class HFBatchedSpecModel(SpecModel):
         batch sizes need up to 12, so this raises the cap to at least
         :data:`RECOMPILE_LIMIT` (a process-wide setting).
         """
-        if enable and next(self.model.parameters()).dtype == torch.float64:
+        if not enable:
+            self._run = self.model
+            return self
+        if next(self.model.parameters()).dtype == torch.float64:
             raise ValueError("compile_decode: float64 models cannot be compiled (their cache stores each float64 "
                              "as two float32 words, a dtype-changing view that torch.compile cannot trace through "
                              "kv_append_'s write); use float32, bfloat16 or float16, or stay eager")
-        if enable:
-            _raise_recompile_limit()
-        self._run = torch.compile(self.model, dynamic=True, **options) if enable else self.model
+        _raise_recompile_limit()
+        self._run = torch.compile(self.model, dynamic=True, **options)
         return self
 
     @property

@@ -70,8 +70,9 @@ def filter_args(top_k, top_p, min_p):
     return out
 
 
-def mode_arg(mode) -> bool:
-    """verify's ``mode``: "exact" -> False, "coupled" -> True."""
+def mode_arg(mode, name: str = "mode") -> bool:
+    """verify's ``mode`` (``name``: the argument the error names): "exact" -> False,
+    "coupled" -> True; anything else raises ``ValueError``."""
     if not isinstance(mode, str) or mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        raise ValueError(f"{name} must be one of {_MODES}, got {mode!r}")
     return mode == "coupled"
