@@ -95,8 +95,10 @@ void filter_arg(const std::optional<at::Tensor>& t, const at::Tensor& ref, int64
   f.any = true;
 }
 
-// The filters (core/filter_math.h): top_k, top_p, min_p, each optional.
-RowFilters row_filters(const SamplingFilters& in, const at::Tensor& ref, int64_t B, std::vector<at::Tensor>& keep) {
+// The filters (core/filter_math.h): top_k, top_p, min_p, each optional; any of them
+// needs V < kMaxFilterVocab (a row's 2^-40 fixed-point mass must fit in 63 bits).
+RowFilters row_filters(const SamplingFilters& in, const at::Tensor& ref, int64_t B, int64_t V,
+                       std::vector<at::Tensor>& keep) {
   RowFilters f;
   filter_arg<int64_t>(in.top_k, ref, B, "top_k", ">= 0 (0 = off)", f.top_k,
                       [](FilterSpec& s, int64_t v) { s.top_k = v; }, f, keep);
@@ -104,6 +106,7 @@ RowFilters row_filters(const SamplingFilters& in, const at::Tensor& ref, int64_t
                     [](FilterSpec& s, float v) { s.top_p = v; }, f, keep);
   filter_arg<float>(in.min_p, ref, B, "min_p", "in [0, 1) (0 = off)", f.min_p,
                     [](FilterSpec& s, float v) { s.min_p = v; }, f, keep);
+  TORCH_CHECK_VALUE(!f.any || V < kMaxFilterVocab, "top_k / top_p / min_p need V < 2^23, got V = ", V);
   return f;
 }
 
@@ -159,8 +162,7 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
   }
   P.temperature = per_row_temperature(temperature, target_logits, B, L.keep_alive);
   P.rnd = randomness(seed, offset, target_logits, B, L.keep_alive);
-  P.filters = row_filters(filters, target_logits, B, L.keep_alive);
-  TORCH_CHECK_VALUE(!P.filters.any || V < kMaxFilterVocab, "top_k / top_p / min_p need V < 2^23, got V = ", V);
+  P.filters = row_filters(filters, target_logits, B, V, L.keep_alive);
   if (num_drafts.has_value()) {
     const at::Tensor& n = *num_drafts;
     TORCH_CHECK_TYPE(args::is_index_dtype(n), "num_drafts must be an int64 or int32 tensor, got ", n.scalar_type());
@@ -203,8 +205,7 @@ SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperat
   P.V = V;
   P.temperature = per_row_temperature(temperature, logits, B, L.keep_alive);
   P.rnd = randomness(seed, offset, logits, B, L.keep_alive);
-  P.filters = row_filters(filters, logits, B, L.keep_alive);
-  TORCH_CHECK_VALUE(!P.filters.any || V < kMaxFilterVocab, "top_k / top_p / min_p need V < 2^23, got V = ", V);
+  P.filters = row_filters(filters, logits, B, V, L.keep_alive);
   if (probs_out.has_value()) {
     const at::Tensor& o = *probs_out;
     TORCH_CHECK_TYPE(o.scalar_type() == at::kFloat, "probs_out must be float32, got ", o.scalar_type());
