@@ -14,6 +14,8 @@ def test_expected_tokens_and_speedup_closed_form():
     assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
     # alpha = 0.8, K = 4, c = 0.1: (1 - 0.8^5) / (0.2 * 1.4)
     assert predicted_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 1.4))
+    # a 5-token target step costing 1.2x a 1-token one: (1 - 0.8^5) / (0.2 * (0.4 + 1.2))
+    assert predicted_speedup(0.8, 4, 0.1, target_ratio=1.2) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 1.6))
 
 
 def test_acceptance_estimate_moves_towards_outcomes():

@@ -66,15 +66,44 @@ def test_bench_e2e_smoke(tmp_path, capsys):
     pytest.importorskip("transformers")
     path = str(tmp_path / "e2e.json")
     assert bench_main(["e2e", "--device", "cpu", "--k", "2", "--batch", "1", "--temperature", "0",
-                       "--max-new-tokens", "6", "--prompts", "1", "--no-progress", "--json", path]) == 0
+                       "--max-new-tokens", "6", "--prompts", "1", "--no-progress", "--repeats", "2",
+                       "--json", path]) == 0
     rows = json.load(open(path))["rows"]
     methods = {r["method"] for r in rows}
     assert {"target-only", "engine", "engine adaptive", "engine ngram", "engine hybrid", "HF generate",
             "HF assisted", "HF prompt lookup"} <= methods
     engine = [r for r in rows if r["method"] == "engine"][0]
     assert engine["tokens"] == 6 and engine["speedup"] > 0 and 0 <= engine["bookkeeping"] < 1
-    assert "speedup" in capsys.readouterr().out
-    assert "target" in _check_targets(path)
+    assert engine["rounds"] == 2 and engine["target_ratio"] > 0 and engine["predicted_r"] > 0
+    assert "pred(r)" in capsys.readouterr().out
+    assert "median of 2 round(s)" in _check_targets(path)
+
+
+def test_bench_e2e_rejects_zero_repeats(capsys):
+    with pytest.raises(SystemExit):
+        bench_main(["e2e", "--device", "cpu", "--repeats", "0"])
+    assert "--repeats must be >= 1" in capsys.readouterr().err
+
+
+def test_bench_e2e_summary_takes_per_round_ratios():
+    """Speedup, c and r are medians of per-round ratios against the same round's baseline
+    (a slow round slows the baseline and the row alike), times are medians."""
+    from specdec_ext.bench.e2e import Config, summarize
+    from specdec_ext.engine.adaptive_k import predicted_speedup
+
+    def res(seconds, draft=None, target=None, alpha=None):
+        return dict(tokens=100, seconds=seconds, tok_s=100 / seconds, alpha=alpha, tokens_per_step=2.0,
+                    draft_s_per_token=draft, target_s_per_step=target, bookkeeping=0.02)
+
+    base = [res(1.0, target=0.01), res(2.0, target=0.02), res(1.0, target=0.01)]  # round 2: machine twice as slow
+    runs = [res(0.5, 0.002, 0.012, 0.6), res(1.0, 0.004, 0.024, 0.6), res(0.4, 0.001, 0.011, 0.6)]
+    row = summarize("cpu", 1, 0.0, Config("engine", 4, lambda: None), runs, base)
+    assert row["rounds"] == 3 and row["tok_s"] == pytest.approx(200)
+    assert row["speedup"] == pytest.approx(2.0)  # per round: 2.0, 2.0, 2.5
+    assert row["cost_ratio"] == pytest.approx(0.2)  # draft / (base seconds per token): 0.2, 0.2, 0.1
+    assert row["target_ratio"] == pytest.approx(1.2)  # 1.2, 1.2, 1.1
+    assert row["predicted"] == pytest.approx(predicted_speedup(0.6, 4, 0.2))
+    assert row["predicted_r"] == pytest.approx(predicted_speedup(0.6, 4, 0.2, 1.2))
 
 
 def test_bench_e2e_hf_model_rows(tmp_path):

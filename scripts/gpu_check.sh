@@ -7,9 +7,9 @@
 # the others' time); meant to finish in < 8 minutes on an H200:
 #   bash scripts/gpu_check.sh "$OUT"
 #   PREFLIGHT_ONLY=1 bash scripts/gpu_check.sh OUTDIR     (the tool checks only: runs anywhere)
-# time limits (s): preflight 20, build 140, sass 15, tests 150 + 15, sanitizers 2 x 30,
-# bench verify 100, bench filters 40, bench kv 20, ncu 30, report 10 (600 s if every step ran to its limit; expected
-# well under 8 minutes: the build is ~1.5 min, the CUDA tests ~1 min)
+# time limits (s): preflight 20, build 130, sass 15, tests 130 + 15, sanitizers 2 x 25,
+# bench verify 90, bench filters 30, bench kv 20, bench e2e 60, ncu 30, report 10 (600 s if every step ran to
+# its limit; expected well under 8 minutes: the build is ~1.5 min, the CUDA tests ~1 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR}
@@ -49,7 +49,7 @@ log "preflight: gpu=${GPU_OK:-0} nvcc=${NVCC:+yes} cuobjdump=${CUOBJDUMP:+yes} s
 [ -n "$CUOBJDUMP" ] && export PATH="$(dirname "$CUOBJDUMP"):$PATH"
 
 log "build"
-timeout 140 "$PY" -m pip install --no-build-isolation --no-deps -e . > "$OUTDIR/build.log" 2>&1 \
+timeout 130 "$PY" -m pip install --no-build-isolation --no-deps -e . > "$OUTDIR/build.log" 2>&1 \
   || { log "BUILD FAILED (see build.log)"; tail -40 "$OUTDIR/build.log"; exit 1; }
 log "build warnings: $(grep -c -i 'warning' "$OUTDIR/build.log")"
 
@@ -59,7 +59,7 @@ log "sass exit $?"
 
 log "CUDA tests (-m cuda) + test_sass"
 # no -x: one failing CUDA test must not hide the others; every test has its own time limit
-timeout 150 "$PY" -m pytest python_tests -q -m cuda -p no:cacheprovider -o faulthandler_timeout=60 -rfs \
+timeout 130 "$PY" -m pytest python_tests -q -m cuda -p no:cacheprovider -o faulthandler_timeout=60 -rfs \
   > "$OUTDIR/pytest_cuda.log" 2>&1
 log "pytest (cuda) exit $? : $(tail -1 "$OUTDIR/pytest_cuda.log")"
 timeout 15 "$PY" -m pytest python_tests/test_sass.py -q -p no:cacheprovider -rs > "$OUTDIR/pytest_sass.log" 2>&1
@@ -68,7 +68,7 @@ log "pytest (sass) exit $? : $(tail -1 "$OUTDIR/pytest_sass.log")"
 if [ -n "$SANITIZER" ]; then
   for t in memcheck racecheck; do
     log "compute-sanitizer $t (small verify / sample / KV calls, both launch paths)"
-    timeout 30 "$SANITIZER" --tool "$t" --error-exitcode 9 "$PY" scripts/sanitize_small.py > "$OUTDIR/sanitize_$t.log" 2>&1
+    timeout 25 "$SANITIZER" --tool "$t" --error-exitcode 9 "$PY" scripts/sanitize_small.py > "$OUTDIR/sanitize_$t.log" 2>&1
     log "sanitize $t exit $? : $(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTDIR/sanitize_$t.log")"
   done
 else
@@ -76,16 +76,22 @@ else
 fi
 
 log "bench verify + sample (cuda): eager, graph replay, %floor, warm + cold"
-timeout 100 "$PY" -m specdec_ext.bench verify --device cuda --B 1 8 64 --K 5 --V 128256 --dtype fp32 bf16 \
+timeout 90 "$PY" -m specdec_ext.bench verify --device cuda --B 1 8 64 --K 5 --V 128256 --dtype fp32 bf16 \
   --sample --cold --json "$OUTDIR/bench_verify.json" > "$OUTDIR/bench_verify.txt" 2>&1
 log "bench verify exit $?"
 log "bench verify --filters (cuda): top-p 0.9 / top-k 50 vs sort-based PyTorch"
-timeout 40 "$PY" -m specdec_ext.bench verify --device cuda --filters-only --B 1 64 --K 5 --V 128256 \
+timeout 30 "$PY" -m specdec_ext.bench verify --device cuda --filters-only --B 1 64 --K 5 --V 128256 \
   --json "$OUTDIR/bench_filters.json" > "$OUTDIR/bench_filters.txt" 2>&1
 log "bench filters exit $?"
 log "bench kv (cuda)"
 timeout 20 "$PY" -m specdec_ext.bench kv --device cuda --json "$OUTDIR/bench_kv.json" > "$OUTDIR/bench_kv.txt" 2>&1
 log "bench kv exit $?"
+# issue 8's "measured speedup >= 90% of Leviathan's prediction at the best K, B = 1": the
+# reference pair on the GPU, 2 interleaved rounds (per-round ratios, medians), HF's peers
+log "bench e2e (cuda, batch 1, K 2 4, T 0 and 1, 2 rounds)"
+timeout 60 "$PY" -m specdec_ext.bench e2e --device cuda --batch 1 --k 2 4 --max-new-tokens 64 --repeats 2 \
+  --no-progress --json "$OUTDIR/bench_e2e.json" > "$OUTDIR/bench_e2e.txt" 2>&1
+log "bench e2e exit $?"
 
 if [ -n "$NCU" ]; then
   log "ncu: dram throughput of the B=64 verify"
@@ -97,7 +103,7 @@ else
   log "ncu missing: skipped"
 fi
 
-"$PY" benchmarks/check_targets.py "$OUTDIR/bench_verify.json" > "$OUTDIR/targets.txt" 2>&1
+"$PY" benchmarks/check_targets.py "$OUTDIR/bench_verify.json" "$OUTDIR/bench_e2e.json" > "$OUTDIR/targets.txt" 2>&1
 log "targets: $(grep -c 'NOT MET' "$OUTDIR/targets.txt") not met (targets.txt)"
 
 # markdown summary: the bench rows and the SASS table

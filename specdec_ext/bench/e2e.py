@@ -1,6 +1,8 @@
 """python -m specdec_ext.bench e2e: end-to-end speculative decoding on the bundled pair.
 
-Same prompts, same max_new_tokens, one run, per device (CPU, and CUDA when present):
+Same prompts, same max_new_tokens, per device (CPU, and CUDA when present); ``--repeats N``
+times every row in N interleaved rounds (the order alternates between rounds) and reports
+medians, each ratio taken against the baseline of the same round:
 
 * target-only autoregressive decoding with the package's reference model (K = 0)
 * the engine with K in {1, 2, 4, 6} and adaptive K, greedy (T = 0) and sampling (T = 1)
@@ -26,15 +28,22 @@ Columns: tokens/s; alpha (per-token acceptance, accepted / tested drafts); token
 target step; bk% (the engine's own bookkeeping: step time outside the draft, target and
 verify phases); speedup over target-only decoding; Leviathan's predicted speedup
 (1 - a^(K+1)) / ((1 - a)(K c + 1)) for the measured alpha and cost ratio
-c = draft time per draft token / target-only time per token.
+c = draft time per draft token / target-only time per token; r = the row's target phase
+time per step / the baseline's (a (K+1)-token target step over a 1-token one, which
+Leviathan's formula takes as 1) and pred(r) = (1 - a^(K+1)) / ((1 - a)(K c + r)), the
+prediction with the measured r: measured speedup / pred(r) is what the engine's own
+overheads (verify, bookkeeping) leave of it.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
+import statistics
 import sys
 import time
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -75,7 +84,7 @@ def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0,
     """groups: list of (ids, mask). Returns aggregate stats over all of them."""
     eng = SpeculativeEngine(target, draft, k=k, adaptive_k=adaptive, drafter=drafter)
     tokens = steps = accepted = rejections = 0
-    draft_s = draft_steps = other_s = step_s = 0.0
+    draft_s = draft_steps = target_s = other_s = step_s = 0.0
     elapsed = 0.0
     for ids, mask in groups:
         t0 = time.perf_counter()
@@ -87,12 +96,14 @@ def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0,
         rejections += sum(s.rejections for s in out.stats)
         draft_s += out.phase_s.draft
         draft_steps += out.draft_steps
+        target_s += out.phase_s.target
         other_s, step_s = other_s + out.phase_s.other, step_s + out.phase_s.total
     tested = accepted + rejections
     return dict(tokens=tokens, seconds=elapsed, tok_s=tokens / elapsed,
                 alpha=accepted / tested if tested else None,
                 tokens_per_step=tokens / steps / len(groups[0][0]) if steps else None,
                 draft_s_per_token=draft_s / draft_steps if draft_steps else None,
+                target_s_per_step=target_s / steps if steps else None,
                 bookkeeping=other_s / step_s if step_s else None)
 
 
@@ -111,32 +122,126 @@ def run_hf(hf_target, hf_draft, temperature, groups, max_new, assisted, prompt_l
         elapsed += time.perf_counter() - t0
         tokens += (out.shape[1] - ids.shape[1]) * ids.shape[0]
     return dict(tokens=tokens, seconds=elapsed, tok_s=tokens / elapsed, alpha=None, tokens_per_step=None,
-                draft_s_per_token=None, bookkeeping=None)
+                draft_s_per_token=None, target_s_per_step=None, bookkeeping=None)
 
 
-def _hf_model_rows(add, hf_target, hf_draft, T, groups, args):
+@dataclasses.dataclass
+class Config:
+    """One row of the table: ``run()`` times it once (a result dict of :func:`run_engine` /
+    :func:`run_hf`); ``warm()``, if any, runs once before the first round (compilation,
+    first-call costs); ``base`` names the row whose result in the same round is its baseline."""
+    method: str
+    k: Any
+    run: Callable[[], Dict[str, Any]]
+    base: str = "target-only"
+    warm: Optional[Callable[[], Any]] = None
+
+
+def _hf_model_configs(hf_target, hf_draft, T, groups, args) -> List[Config]:
     """The engine on the transformers-loaded pair (batched path; one per-row row)."""
     from ..models.hf import HFBatchedSpecModel, HFSpecModel
 
     k, n = args.hf_k, args.max_new_tokens
-    run_engine(hf_target, hf_draft, 2, False, 0.0, groups[:1], 8)  # warm up
-    base = run_engine(hf_target, hf_draft, 0, False, T, groups, n)
-    add("HF-model target-only", 0, base, base)
-    add("HF-model engine", k, run_engine(hf_target, hf_draft, k, False, T, groups, n), base)
-    add("HF-model adaptive", f"<={k}", run_engine(hf_target, hf_draft, k, "cost", T, groups, n), base)
-    add("HF-model ngram", f"<={k}", run_engine(hf_target, None, k, "cost", T, groups, n), base)
-    add("HF-model hybrid", f"<={k}", run_engine(hf_target, hf_draft, k, "cost", T, groups, n, drafter="hybrid"),
-        base)
-    add("HF-model per-row", k, run_engine(HFSpecModel(hf_target), HFSpecModel(hf_draft), k, False, T, groups, n),
-        base)
+    eng = lambda *a, **kw: (lambda: run_engine(*a, **kw))  # noqa: E731
+    base = "HF-model target-only"
+    out = [Config(base, 0, eng(hf_target, hf_draft, 0, False, T, groups, n), base,
+                  warm=eng(hf_target, hf_draft, 2, False, 0.0, groups[:1], 8)),
+           Config("HF-model engine", k, eng(hf_target, hf_draft, k, False, T, groups, n), base),
+           Config("HF-model adaptive", f"<={k}", eng(hf_target, hf_draft, k, "cost", T, groups, n), base),
+           Config("HF-model ngram", f"<={k}", eng(hf_target, None, k, "cost", T, groups, n), base),
+           Config("HF-model hybrid", f"<={k}", eng(hf_target, hf_draft, k, "cost", T, groups, n, drafter="hybrid"),
+                  base),
+           Config("HF-model per-row", k, eng(HFSpecModel(hf_target), HFSpecModel(hf_draft), k, False, T, groups, n),
+                  base)]
     if args.compile:  # the same rows on torch.compile'd forwards; speedups stay relative to the eager base
         ct, cd = HFBatchedSpecModel(hf_target).compile_decode(), HFBatchedSpecModel(hf_draft).compile_decode()
         for method, (kk, adaptive, draft) in (("HF-model target-only compiled", (0, False, cd)),
                                               ("HF-model engine compiled", (k, False, cd)),
                                               ("HF-model adaptive compiled", (k, "cost", cd)),
                                               ("HF-model ngram compiled", (k, "cost", None))):
-            run_engine(ct, draft, kk, adaptive, T, groups[:1], n)  # compiles every step kind outside the timing
-            add(method, kk if not adaptive else f"<={kk}", run_engine(ct, draft, kk, adaptive, T, groups, n), base)
+            out.append(Config(method, kk if not adaptive else f"<={kk}",
+                              eng(ct, draft, kk, adaptive, T, groups, n), base,
+                              # compiles every step kind outside the timing
+                              warm=eng(ct, draft, kk, adaptive, T, groups[:1], n)))
+    return out
+
+
+def configs(target, draft, hf_target, hf_draft, B, T, groups, args) -> List[Config]:
+    """Every row of one (device, batch, temperature) block, baseline first."""
+    n, kmax = args.max_new_tokens, max(args.k)
+    eng = lambda *a, **kw: (lambda: run_engine(*a, **kw))  # noqa: E731
+    out = [Config("target-only", 0, eng(target, draft, 0, False, T, groups, n))]
+    if not args.only_hf:
+        out += [Config("engine", k, eng(target, draft, k, False, T, groups, n)) for k in args.k]
+        out += [Config("engine adaptive", f"<={kmax}", eng(target, draft, kmax, "cost", T, groups, n)),
+                Config("engine ngram", f"<={kmax}", eng(target, None, kmax, "cost", T, groups, n)),
+                Config("engine hybrid", f"<={kmax}", eng(target, draft, kmax, "cost", T, groups, n,
+                                                          drafter="hybrid"))]
+        if args.compile:  # the n-gram engine on the compiled reference model
+            compiled = copy.deepcopy(target).compile_decode()
+            out.append(Config("engine ngram compiled", f"<={kmax}", eng(compiled, None, kmax, "cost", T, groups, n),
+                              warm=eng(compiled, None, 2, False, T, groups[:1], 8)))  # compile outside the timing
+    if hf_target is not None and args.hf:
+        out += _hf_model_configs(hf_target, hf_draft, T, groups, args)
+    if hf_target is not None:
+        hf = lambda *a, **kw: (lambda: run_hf(hf_target, *a, **kw))  # noqa: E731
+        out.append(Config("HF generate", "-", hf(None, T, groups, n, False)))
+        if B == 1:
+            out += [Config("HF assisted", "hf", hf(hf_draft, T, groups, n, True)),
+                    Config("HF prompt lookup", "hf", hf(None, T, groups, n, False, prompt_lookup=kmax))]
+    return out
+
+
+def timed_rounds(cfgs: List[Config], repeats: int, bar) -> List[List[Dict[str, Any]]]:
+    """``repeats`` rounds of every config; each config's results, one per round.
+
+    Rounds alternate the order (baseline first, then last), so that a machine slowing down
+    or speeding up during a round does not favour the rows timed next to the baseline."""
+    for c in cfgs:
+        if c.warm is not None:
+            c.warm()
+    results: List[List[Dict[str, Any]]] = [[] for _ in cfgs]
+    for rnd in range(repeats):
+        order = range(len(cfgs)) if rnd % 2 == 0 else reversed(range(len(cfgs)))
+        for i in order:
+            results[i].append(cfgs[i].run())
+            bar.update(1)
+    return results
+
+
+def summarize(device, B, T, c: Config, runs, base_runs) -> Dict[str, Any]:
+    """One table row from a config's per-round results and its baseline's (same rounds).
+
+    Ratios (speedup, c, target step ratio r) are taken per round against that round's
+    baseline, then the median over rounds; times and tokens/s are medians too.
+    """
+    med = statistics.median
+
+    def ratio(num, den):
+        if runs[0][num] is None or base_runs[0][den] is None:
+            return None
+        return med(r[num] / b[den] for r, b in zip(runs, base_runs))
+
+    # seconds per target-only step (B rows, one token each)
+    t_plain = [b["seconds"] / b["tokens"] * B for b in base_runs]
+    c_ratio = (med(r["draft_s_per_token"] / tp for r, tp in zip(runs, t_plain))
+               if runs[0]["draft_s_per_token"] else None)
+    r_ratio = ratio("target_s_per_step", "target_s_per_step")
+    alpha = runs[0]["alpha"]
+    known = alpha is not None and c_ratio is not None and isinstance(c.k, int)
+    row = dict(device=device, batch=B, temperature=T, method=c.method, k=c.k, rounds=len(runs),
+               tokens=runs[0]["tokens"], seconds=med(r["seconds"] for r in runs),
+               tok_s=med(r["tok_s"] for r in runs), alpha=alpha, tokens_per_step=runs[0]["tokens_per_step"],
+               draft_s_per_token=(med(r["draft_s_per_token"] for r in runs) if runs[0]["draft_s_per_token"]
+                                  else None),
+               target_s_per_step=(med(r["target_s_per_step"] for r in runs) if runs[0]["target_s_per_step"]
+                                  else None),
+               bookkeeping=med(r["bookkeeping"] for r in runs) if runs[0]["bookkeeping"] is not None else None,
+               speedup=ratio("tok_s", "tok_s"), cost_ratio=c_ratio, target_ratio=r_ratio,
+               predicted=predicted_speedup(alpha, c.k, c_ratio) if known else None,
+               predicted_r=(predicted_speedup(alpha, c.k, c_ratio, r_ratio) if known and r_ratio is not None
+                            else None))
+    return row
 
 
 def bench_device(device, args, rows, bar):
@@ -151,52 +256,21 @@ def bench_device(device, args, rows, bar):
         groups = [_batch(tok, prompts[i:i + B], device) for i in range(0, len(prompts), B)]
         run_engine(target, draft, 2, False, 0.0, groups[:1], 8)  # warm up
         for T in args.temperature:
-            ref_base = run_engine(target, draft, 0, False, T, groups, args.max_new_tokens)
-
-            def add(method, k, r, base=ref_base):
-                t_plain = base["seconds"] / base["tokens"] * B  # seconds per target-only step (per row)
-                c = r["draft_s_per_token"] / t_plain if r["draft_s_per_token"] else None
-                pred = predicted_speedup(r["alpha"], k, c) if (r["alpha"] is not None and c is not None and
-                                                               isinstance(k, int)) else None
-                rows.append(dict(device=device, batch=B, temperature=T, method=method, k=k, **r,
-                                 speedup=r["tok_s"] / base["tok_s"], cost_ratio=c, predicted=pred))
+            cfgs = configs(target, draft, hf_target, hf_draft, B, T, groups, args)
+            results = timed_rounds(cfgs, args.repeats, bar)
+            by_method = {c.method: runs for c, runs in zip(cfgs, results)}
+            for c, runs in zip(cfgs, results):
+                rows.append(summarize(device, B, T, c, runs, by_method[c.base]))
                 print_row(rows[-1])
-                bar.update(1)
-
-            add("target-only", 0, ref_base)
-            for k in ([] if args.only_hf else args.k):
-                add("engine", k, run_engine(target, draft, k, False, T, groups, args.max_new_tokens))
-            if not args.only_hf:
-                add("engine adaptive", f"<={max(args.k)}",
-                    run_engine(target, draft, max(args.k), "cost", T, groups, args.max_new_tokens))
-                add("engine ngram", f"<={max(args.k)}",
-                    run_engine(target, None, max(args.k), "cost", T, groups, args.max_new_tokens))
-                add("engine hybrid", f"<={max(args.k)}",
-                    run_engine(target, draft, max(args.k), "cost", T, groups, args.max_new_tokens,
-                               drafter="hybrid"))
-            if args.compile and not args.only_hf:  # the n-gram engine on the compiled reference model
-                compiled = copy.deepcopy(target).compile_decode()
-                run_engine(compiled, None, 2, False, T, groups[:1], 8)  # compile outside the timing
-                add("engine ngram compiled", f"<={max(args.k)}",
-                    run_engine(compiled, None, max(args.k), "cost", T, groups, args.max_new_tokens))
-            if hf_target is not None and args.hf:
-                _hf_model_rows(add, hf_target, hf_draft, T, groups, args)
-            if hf_target is not None:
-                add("HF generate", "-", run_hf(hf_target, None, T, groups, args.max_new_tokens, False))
-                if B == 1:
-                    add("HF assisted", "hf", run_hf(hf_target, hf_draft, T, groups, args.max_new_tokens, True))
-                    add("HF prompt lookup", "hf", run_hf(hf_target, None, T, groups, args.max_new_tokens, False,
-                                                         prompt_lookup=max(args.k)))
-                else:
-                    rows.append(dict(device=device, batch=B, temperature=T, method="HF assisted", k="-",
-                                     note="batch 1 only"))
-                    print(f"{device:4} {B:>2} {T:>3} {'HF assisted':20} (transformers supports batch 1 only)")
-                    bar.update(1)
+            if hf_target is not None and B > 1:
+                rows.append(dict(device=device, batch=B, temperature=T, method="HF assisted", k="-",
+                                 note="batch 1 only"))
+                print(f"{device:4} {B:>2} {T:>3} {'HF assisted':20} (transformers supports batch 1 only)")
 
 
 HEADER = (f"{'dev':4} {'B':>2} {'T':>3} {'method':20} {'K':>5} | {'tok/s':>8} {'alpha':>5} {'tok/step':>8} "
           f"{'bk%':>5} | "
-          f"{'speedup':>7} {'c':>5} {'predicted':>9}")
+          f"{'speedup':>7} {'c':>5} {'predicted':>9} | {'r':>5} {'pred(r)':>8}")
 
 
 def print_row(r):
@@ -204,7 +278,8 @@ def print_row(r):
     bk = None if r.get("bookkeeping") is None else 100 * r["bookkeeping"]
     print(f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']:20} {str(r['k']):>5} | "
           f"{r['tok_s']:>8.1f} {f(r['alpha'], '.2f'):>5} {f(r['tokens_per_step'], '.2f'):>8} {f(bk, '.1f'):>5} | "
-          f"{r['speedup']:>6.2f}x {f(r['cost_ratio'], '.2f'):>5} {f(r['predicted'], '.2f'):>8}x", flush=True)
+          f"{r['speedup']:>6.2f}x {f(r['cost_ratio'], '.2f'):>5} {f(r['predicted'], '.2f'):>8}x | "
+          f"{f(r.get('target_ratio'), '.2f'):>5} {f(r.get('predicted_r'), '.2f'):>7}x", flush=True)
 
 
 def plot(rows, path):
@@ -240,6 +315,9 @@ def main(argv):
     ap.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--prompts", type=int, default=4, help="prompts per configuration (batch 1: one call each)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="rounds of every row, interleaved; ratios are per-round medians (default 1; use 3 or more "
+                         "for figures on a shared machine)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PNG", help="speedup vs K, measured and predicted (needs matplotlib)")
     ap.add_argument("--no-progress", action="store_true")
@@ -252,6 +330,8 @@ def main(argv):
     ap.add_argument("--only-hf", action="store_true", help="with --hf: skip the reference-model engine rows")
     args = ap.parse_args(argv)
     args.hf = args.hf or args.only_hf
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     if "cuda" in devices and not torch.cuda.is_available():
         print("cuda: no GPU: skipped", file=sys.stderr)
@@ -260,7 +340,7 @@ def main(argv):
         from tqdm import tqdm
         per_config = (4 + (0 if args.only_hf else len(args.k) + 3 + args.compile)
                       + (6 + 4 * args.compile if args.hf else 0))
-        total = len(devices) * len(args.batch) * len(args.temperature) * per_config
+        total = len(devices) * len(args.batch) * len(args.temperature) * per_config * args.repeats
         bar = tqdm(total=total, unit="run", file=sys.stderr, disable=args.no_progress, leave=False)
     except ImportError:
         bar = type("NoBar", (), {"update": lambda self, n: None, "close": lambda self: None})()

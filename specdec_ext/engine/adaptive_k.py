@@ -28,9 +28,14 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def predicted_speedup(alpha: float, k: int, cost_ratio: float) -> float:
-    """Leviathan's speedup over plain decoding, c = draft step / target step."""
-    return expected_tokens(alpha, k) / (k * cost_ratio + 1.0)
+def predicted_speedup(alpha: float, k: int, cost_ratio: float, target_ratio: float = 1.0) -> float:
+    """Leviathan's speedup over plain decoding, c = draft step / target step.
+
+    ``target_ratio``: a (K+1)-token target step's cost over a 1-token step's. Leviathan's
+    formula takes it as 1 (true where a step is bound by reading the weights, as on a GPU at
+    small batch); a measured value gives the prediction for hardware where it is not.
+    """
+    return expected_tokens(alpha, k) / (k * cost_ratio + target_ratio)
 
 
 class AcceptanceEstimator:
