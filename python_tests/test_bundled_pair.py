@@ -95,14 +95,17 @@ def test_generate_cli_with_checkpoint_dirs_ids_and_metrics(capsys):
     assert out[-1].startswith("acceptance")
 
 
-def test_generate_cli_hf_compiled_gives_the_eager_text(capsys):
-    """--hf --compile: the transformers pair on torch.compile'd batched forwards prints the
-    same greedy text as the eager --hf run (and the summary line)."""
-    pytest.importorskip("transformers")
+@pytest.mark.parametrize("hf", [False, True], ids=["reference", "hf"])
+def test_generate_cli_compiled_gives_the_eager_text(capsys, hf):
+    """--compile: the reference pair on frozen compiled steps, and (--hf) the transformers
+    pair on torch.compile'd batched forwards, print the same greedy text as the eager run
+    (and the summary line)."""
+    if hf:
+        pytest.importorskip("transformers")
     from specdec_ext import generate
 
-    argv = ["--prompt", "def fibonacci(n):", "--max-new-tokens", "16", "--hf", "--drafter", "model",
-            "--no-baseline", "--no-progress"]
+    argv = ["--prompt", "def fibonacci(n):", "--max-new-tokens", "16", "--drafter", "model",
+            "--no-baseline", "--no-progress"] + (["--hf"] if hf else [])
     texts = []
     for extra in ([], ["--compile"]):
         assert generate.main(argv + extra) == 0

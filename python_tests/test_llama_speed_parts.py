@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec_ext.models import LlamaConfig, LlamaModel
+from specdec_ext.models.compiling import RECOMPILE_LIMIT
 from specdec_ext.models.llama import _rms_norm, _rope, step_profile
 
 V = 61
@@ -149,11 +150,12 @@ def test_unmasked_single_token_steps_equal_the_full_forward():
     torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-12, atol=1e-12)
 
 
-def test_compiled_decode_equals_eager():
+@pytest.mark.parametrize("freeze", [False, True])
+def test_compiled_decode_equals_eager(freeze):
     pytest.importorskip("torch._dynamo")
     torch.manual_seed(5)
     eager = LlamaModel(small_config(num_hidden_layers=1), dtype=torch.float32)
-    comp = LlamaModel.from_state_dict(eager.config, eager.state_dict()).compile_decode()
+    comp = LlamaModel.from_state_dict(eager.config, eager.state_dict()).compile_decode(freeze=freeze)
     ids = torch.randint(0, V, (2, 14))
     ce, cc = eager.new_cache(2, 16), comp.new_cache(2, 16)
     for chunk in (ids[:, :6], ids[:, 6:7], ids[:, 7:10], ids[:, 10:11]):
@@ -162,7 +164,32 @@ def test_compiled_decode_equals_eager():
     ce.rollback(4, torch.tensor([1, 3]))
     torch.testing.assert_close(comp(ids[:, 11:14], cc), eager(ids[:, 11:14], ce), rtol=1e-5, atol=1e-5)
     assert cc.host_lengths().tolist() == ce.host_lengths().tolist() == [11, 13]
+    assert torch._dynamo.config.recompile_limit >= RECOMPILE_LIMIT  # target and draft share _layers' code
     assert comp.compile_decode(False)._compiled is None
+
+
+def test_freeze_sets_inductor_freezing_while_compiling():
+    """freeze=True compiles with ``torch._inductor.config.freezing`` set (a backend that
+    records the flag stands in for Inductor) and restores it after each call; without
+    freeze the flag stays off."""
+    from torch._inductor import config as inductor_config
+
+    torch.manual_seed(7)
+    ids = torch.randint(0, V, (1, 6))
+    for freeze in (False, True):
+        seen = []
+
+        def spy(gm, example_inputs):
+            seen.append(inductor_config.freezing)
+            return gm.forward
+
+        model = LlamaModel(small_config(num_hidden_layers=1), dtype=torch.float32)
+        model.compile_decode(freeze=freeze, backend=spy)
+        cache = model.new_cache(1, 8)
+        model(ids[:, :4], cache)
+        model(ids[:, 4:5], cache)  # the unmasked 1-token graph
+        assert len(seen) == 2 and all(f is freeze for f in seen), (freeze, seen)
+        assert inductor_config.freezing is False
 
 
 def test_step_profile_reports_without_asserting_speed(capsys):

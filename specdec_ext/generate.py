@@ -118,8 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--hf", action="store_true", help="load with transformers instead of the reference model")
     ap.add_argument("--compile", action="store_true",
-                    help="torch.compile the decode steps of both models (reference model, or --hf on the batched "
-                         "HF path; the first steps compile for seconds)")
+                    help="torch.compile the decode steps of both models (reference model, with its weights frozen "
+                         "into the graphs, or --hf on the batched HF path; the first steps compile for seconds)")
     ap.add_argument("--metrics-port", type=_int_at_least(0), default=None,
                     help="serve /metrics on this port while running")
     ap.add_argument("--no-progress", action="store_true")
@@ -195,8 +195,13 @@ def _load(args):
 
 
 def _compiled(model):
-    """The model with torch.compile'd decode steps: the reference model itself, a
-    transformers model on its batched SpecModel (the per-row HF path cannot compile)."""
+    """The model with torch.compile'd decode steps: the reference model itself, with its
+    weights frozen into the graphs (they do not change here), or a transformers model on
+    its batched SpecModel (the per-row HF path cannot compile)."""
+    from .models.llama import LlamaModel
+
+    if isinstance(model, LlamaModel):
+        return model.compile_decode(freeze=True)
     if not hasattr(model, "compile_decode"):
         from .models import adapt
 

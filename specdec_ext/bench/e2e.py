@@ -12,7 +12,7 @@ medians, each ratio taken against the baseline of the same round:
   and plain ``generate`` on the same weights (when transformers is installed; assisted and
   prompt-lookup generation are batch 1 only)
 * with ``--compile``: the n-gram engine on the reference model's torch.compile'd decode
-  steps, next to the eager row; with ``--hf`` too, ``HF-model ... compiled`` rows
+  steps (weights frozen into the graphs), next to the eager row; with ``--hf`` too, ``HF-model ... compiled`` rows
   (target-only, K = ``--hf-k``, adaptive, n-gram) on
   :meth:`~specdec_ext.models.hf.HFBatchedSpecModel.compile_decode` forwards, each warmed
   up (compiled) on one prompt before it is timed; their speedup is relative to the eager
@@ -178,7 +178,7 @@ def configs(target, draft, hf_target, hf_draft, B, T, groups, args) -> List[Conf
                 Config("engine hybrid", f"<={kmax}", eng(target, draft, kmax, "cost", T, groups, n,
                                                           drafter="hybrid"))]
         if args.compile:  # the n-gram engine on the compiled reference model
-            compiled = copy.deepcopy(target).compile_decode()
+            compiled = copy.deepcopy(target).compile_decode(freeze=True)
             out.append(Config("engine ngram compiled", f"<={kmax}", eng(compiled, None, kmax, "cost", T, groups, n),
                               warm=eng(compiled, None, 2, False, T, groups[:1], 8)))  # compile outside the timing
     if hf_target is not None and args.hf:
@@ -244,7 +244,9 @@ def summarize(device, B, T, c: Config, runs, base_runs) -> Dict[str, Any]:
     return row
 
 
-def bench_device(device, args, rows, bar):
+def bench_device(device, args, rows, bar, done_block=lambda: None):
+    """Every (batch, temperature) block on one device, appended to ``rows``; ``done_block()``
+    after each (the CLI saves the JSON there, so a run cut short keeps its finished blocks)."""
     target, draft = bundled.load_pair(device=device)
     tok = bundled.load_tokenizer()
     try:
@@ -266,6 +268,7 @@ def bench_device(device, args, rows, bar):
                 rows.append(dict(device=device, batch=B, temperature=T, method="HF assisted", k="-",
                                  note="batch 1 only"))
                 print(f"{device:4} {B:>2} {T:>3} {'HF assisted':20} (transformers supports batch 1 only)")
+            done_block()
 
 
 HEADER = (f"{'dev':4} {'B':>2} {'T':>3} {'method':20} {'K':>5} | {'tok/s':>8} {'alpha':>5} {'tok/step':>8} "
@@ -347,12 +350,16 @@ def main(argv):
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, max_new_tokens {args.max_new_tokens}")
     print(HEADER)
     rows = []
+
+    def save():
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(rows=rows, torch=torch.__version__), f, indent=1)
+
     for d in devices:
-        bench_device(d, args, rows, bar)
+        bench_device(d, args, rows, bar, save)
     bar.close()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(rows=rows, torch=torch.__version__), f, indent=1)
+    save()
     if args.plot:
         plot(rows, args.plot)
     return 0

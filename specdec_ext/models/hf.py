@@ -34,6 +34,7 @@ from transformers.cache_utils import Cache
 from .._validate import check_int
 from ..errors import CacheFullError
 from .base import SpecModel
+from .compiling import RECOMPILE_LIMIT, compile_step
 from .llama_cache import ContiguousLlamaCache, LlamaCacheStep
 
 __all__ = ["BATCHED_MODEL_TYPES", "HFBatchedSpecModel", "HFSpecModel", "RECOMPILE_LIMIT", "SpecDecCache",
@@ -299,18 +300,6 @@ class SpecDecCache(Cache):
         return self._kv.layer_view(layer_idx)
 
 
-#: the least ``torch._dynamo.config.recompile_limit`` :meth:`HFBatchedSpecModel.compile_decode` sets
-RECOMPILE_LIMIT = 64
-
-
-def _raise_recompile_limit() -> None:
-    import torch._dynamo
-
-    cfg = torch._dynamo.config
-    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"  # older torch
-    setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
-
-
 class HFBatchedSpecModel(SpecModel):
     """A ``transformers`` decoder-only causal LM of a :data:`BATCHED_MODEL_TYPES` family
     (``eager`` or ``sdpa`` attention) on a :class:`SpecDecCache`: one forward per step.
@@ -360,7 +349,7 @@ class HFBatchedSpecModel(SpecModel):
         caps the graphs per code object (``torch._dynamo.config.recompile_limit``,
         default 8; past it the forward silently runs eager). A target and a draft at two
         batch sizes need up to 12, so this raises the cap to at least
-        :data:`RECOMPILE_LIMIT` (a process-wide setting).
+        :data:`~specdec_ext.models.compiling.RECOMPILE_LIMIT` (a process-wide setting).
         """
         if not enable:
             self._run = self.model
@@ -369,8 +358,7 @@ class HFBatchedSpecModel(SpecModel):
             raise ValueError("compile_decode: float64 models cannot be compiled (their cache stores each float64 "
                              "as two float32 words, a dtype-changing view that torch.compile cannot trace through "
                              "kv_append_'s write); use float32, bfloat16 or float16, or stay eager")
-        _raise_recompile_limit()
-        self._run = torch.compile(self.model, dynamic=True, **options)
+        self._run = compile_step(self.model, **options)
         return self
 
     @property

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import SpecModel
+from .compiling import compile_step
 from .llama_cache import ContiguousLlamaCache, LlamaCacheStep, PagedLlamaCache
 from .llama_config import LlamaConfig
 
@@ -370,7 +371,7 @@ class LlamaModel(nn.Module):
         norm = self.model.norm
         return F.linear(_rms_norm(x, norm.weight, norm.eps), self.lm_head.weight).view(B, S, -1)
 
-    def compile_decode(self, enable: bool = True, **options: Any) -> "LlamaModel":
+    def compile_decode(self, enable: bool = True, *, freeze: bool = False, **options: Any) -> "LlamaModel":
         """Run the layers of every step on a contiguous cache through
         ``torch.compile(dynamic=True, **options)`` (``enable=False``: back to eager). Returns self.
 
@@ -380,8 +381,17 @@ class LlamaModel(nn.Module):
         The first steps compile (seconds); ``dynamic=True`` keeps S, kv_len and B symbolic so
         that later steps reuse the graph. Whether it pays depends on the device and the
         model size: see :func:`step_profile` to measure.
+
+        ``freeze=True``: Inductor's freezing, the weights become constants of the graphs, for
+        a model whose weights are final (see :func:`~specdec_ext.models.compiling.compile_step`).
+        On a CPU Inductor then pre-packs them for its GEMM kernels, and
+        ``options={"max_autotune": True}`` adds its C++ micro-GEMMs (autotuning: tens of
+        seconds more of compilation); the bundled target's step times for each are in
+        benchmarks/RESULTS.md. The dynamo recompile limit is raised as for
+        :meth:`HFBatchedSpecModel.compile_decode <specdec_ext.models.hf.HFBatchedSpecModel.compile_decode>`
+        (a target and a draft share this method's code object).
         """
-        self._compiled = torch.compile(self._layers, dynamic=True, **options) if enable else None
+        self._compiled = compile_step(self._layers, freeze, **options) if enable else None
         return self
 
     def _rope_tables(self, length: int) -> torch.Tensor:

@@ -1,0 +1,62 @@
+"""``torch.compile`` of a model's decode step, shared by the reference model
+(:meth:`~specdec_ext.models.llama.LlamaModel.compile_decode`) and the batched Hugging Face
+path (:meth:`~specdec_ext.models.hf.HFBatchedSpecModel.compile_decode`).
+
+Two process-wide settings of torch matter here, and this is the one place that touches them:
+
+- ``torch._dynamo.config.recompile_limit``: dynamo caps the graphs per code object
+  (default 8; past it the function silently runs eager). Every model of one class shares
+  one forward code object, so a target and a draft, each with masked and unmasked steps at
+  one or more batch sizes, pass the default. :func:`compile_step` raises it to at least
+  :data:`RECOMPILE_LIMIT`.
+- ``torch._inductor.config.freezing``: with it, the weights go into the graph as constants,
+  so Inductor can fold them and pre-pack them for its GEMM kernels. Passed as
+  ``torch.compile(options={"freezing": True})`` it did not change the bundled target's step
+  time on the CPU, while the global flag did (torch 2.14), so ``freeze=True`` sets the flag
+  around each call of the compiled step (compilation happens inside calls) and restores it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["RECOMPILE_LIMIT", "compile_step"]
+
+#: the least ``torch._dynamo.config.recompile_limit`` :func:`compile_step` sets
+RECOMPILE_LIMIT = 64
+
+
+def _raise_recompile_limit() -> None:
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"  # older torch
+    setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
+
+
+def compile_step(fn: Callable[..., Any], freeze: bool = False, **options: Any) -> Callable[..., Any]:
+    """``torch.compile(fn, dynamic=True, **options)``, after raising the recompile limit.
+
+    ``freeze=True``: every call runs with ``torch._inductor.config.freezing`` set, so the
+    graphs it compiles hold the weights as constants (Inductor's freezing): for weights that
+    are final. Changing them afterwards (``load_state_dict`` included) is unsupported:
+    whether a compiled step sees the change depends on what Inductor did with each weight
+    (a pre-packed copy for a GEMM kernel, which also takes memory next to the parameter, or
+    a reference). Setting the flag costs a few microseconds per call.
+    """
+    _raise_recompile_limit()
+    compiled = torch.compile(fn, dynamic=True, **options)
+    if not freeze:
+        return compiled
+    from torch._inductor import config as inductor_config
+
+    def frozen_step(*args: Any, **kwargs: Any) -> Any:
+        before = inductor_config.freezing
+        inductor_config.freezing = True
+        try:
+            return compiled(*args, **kwargs)
+        finally:
+            inductor_config.freezing = before
+
+    return frozen_step
