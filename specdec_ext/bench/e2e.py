@@ -267,11 +267,11 @@ def bench_device(device, args, rows, bar, done_block=lambda: None):
             if hf_target is not None and B > 1:
                 rows.append(dict(device=device, batch=B, temperature=T, method="HF assisted", k="-",
                                  note="batch 1 only"))
-                print(f"{device:4} {B:>2} {T:>3} {'HF assisted':20} (transformers supports batch 1 only)")
+                print(f"{device:4} {B:>2} {T:>3} {'HF assisted':29} (transformers supports batch 1 only)")
             done_block()
 
 
-HEADER = (f"{'dev':4} {'B':>2} {'T':>3} {'method':20} {'K':>5} | {'tok/s':>8} {'alpha':>5} {'tok/step':>8} "
+HEADER = (f"{'dev':4} {'B':>2} {'T':>3} {'method':29} {'K':>5} | {'tok/s':>8} {'alpha':>5} {'tok/step':>8} "
           f"{'bk%':>5} | "
           f"{'speedup':>7} {'c':>5} {'predicted':>9} | {'r':>5} {'pred(r)':>8}")
 
@@ -279,7 +279,7 @@ HEADER = (f"{'dev':4} {'B':>2} {'T':>3} {'method':20} {'K':>5} | {'tok/s':>8} {'
 def print_row(r):
     f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     bk = None if r.get("bookkeeping") is None else 100 * r["bookkeeping"]
-    print(f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']:20} {str(r['k']):>5} | "
+    print(f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']:29} {str(r['k']):>5} | "
           f"{r['tok_s']:>8.1f} {f(r['alpha'], '.2f'):>5} {f(r['tokens_per_step'], '.2f'):>8} {f(bk, '.1f'):>5} | "
           f"{r['speedup']:>6.2f}x {f(r['cost_ratio'], '.2f'):>5} {f(r['predicted'], '.2f'):>8}x | "
           f"{f(r.get('target_ratio'), '.2f'):>5} {f(r.get('predicted_r'), '.2f'):>7}x", flush=True)
