@@ -140,6 +140,11 @@ try:
                   f"{r['ldg128']} | {r['ldg64']} | {r['ldg_narrow']} |")
 except Exception as e:
     print(f"sass table unavailable: {e}")
+try:
+    lines = [l for l in open(os.path.join(out, "bench_e2e.txt")) if l.startswith(("dev ", "cuda "))]
+    print("\nbench e2e (cuda, B = 1)\n\n```\n" + "".join(lines) + "```")
+except Exception as e:
+    print(f"e2e table unavailable: {e}")
 EOF
 log "summary.md written"
 cat "$OUTDIR/summary.txt"
