@@ -7,9 +7,9 @@
 # the others' time); meant to finish in < 8 minutes on an H200:
 #   bash scripts/gpu_check.sh "$OUT"
 #   PREFLIGHT_ONLY=1 bash scripts/gpu_check.sh OUTDIR     (the tool checks only: runs anywhere)
-# time limits (s): preflight 20, build 130, sass 15, tests 130 + 15, sanitizers 2 x 25,
-# bench verify 90, bench filters 30, bench kv 20, bench e2e 60, ncu 30, report 10 (600 s if every step ran to
-# its limit; expected well under 8 minutes: the build is ~1.5 min, the CUDA tests ~1 min)
+# time limits (s): preflight 30 (8 + 12 + 2 + 3 + 5), build 130, sass 15, tests 120 + 15, sanitizers 2 x 25,
+# bench verify 90, bench filters 30, bench kv 20, bench e2e 55, ncu 25, targets 10, report 10 (600 s if every
+# step ran to its limit; expected well under 8 minutes: the build is ~1.5 min, the CUDA tests ~1 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR}
@@ -26,22 +26,24 @@ tool() {  # tool NAME PATH...: first executable candidate, or empty
   command -v "$name" 2>/dev/null || true
 }
 CUDA_BIN=${CUDA_HOME:-/usr/local/cuda}/bin
-TRITON_BIN=$(timeout 10 "$PY" -c "import os, triton; print(os.path.join(os.path.dirname(triton.__file__), 'backends/nvidia/bin'))" 2>/dev/null)
+TRITON_BIN=$(timeout 8 "$PY" -c "import os, triton; print(os.path.join(os.path.dirname(triton.__file__), 'backends/nvidia/bin'))" 2>/dev/null)
 NVCC=$(tool nvcc "$CUDA_BIN/nvcc")
 CUOBJDUMP=$(tool cuobjdump "$TRITON_BIN/cuobjdump" "$CUDA_BIN/cuobjdump")
 SANITIZER=$(tool compute-sanitizer "$CUDA_BIN/compute-sanitizer")
 NCU=$(tool ncu "$CUDA_BIN/ncu")
+# one torch import for the GPU test and the environment line: "1|0 torch X cuda Y gpu NAME"
+TORCH_INFO=$(timeout 12 "$PY" -c "import torch; ok = torch.cuda.is_available(); print(int(ok), 'torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', ok and torch.cuda.get_device_name())" 2>&1 | tail -1)
 {
-  echo "python: $(timeout 10 "$PY" --version 2>&1)"
-  timeout 10 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.is_available() and torch.cuda.get_device_name())" 2>&1
-  echo "nvcc: ${NVCC:-MISSING} $( [ -n "$NVCC" ] && timeout 10 "$NVCC" --version | tail -1)"
+  echo "python: $(timeout 2 "$PY" --version 2>&1)"
+  echo "${TORCH_INFO#* }"
+  echo "nvcc: ${NVCC:-MISSING} $( [ -n "$NVCC" ] && timeout 3 "$NVCC" --version | tail -1)"
   echo "cuobjdump: ${CUOBJDUMP:-MISSING}"
   echo "compute-sanitizer: ${SANITIZER:-MISSING}"
   echo "ncu: ${NCU:-MISSING}"
-  timeout 10 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv 2>&1 || echo "nvidia-smi: MISSING"
+  timeout 5 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv 2>&1 || echo "nvidia-smi: MISSING"
 } > "$OUTDIR/env.txt" 2>&1
 cat "$OUTDIR/env.txt"
-GPU_OK=$(timeout 10 "$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null)
+GPU_OK=${TORCH_INFO%% *}
 log "preflight: gpu=${GPU_OK:-0} nvcc=${NVCC:+yes} cuobjdump=${CUOBJDUMP:+yes} sanitizer=${SANITIZER:+yes} ncu=${NCU:+yes}"
 [ -n "${PREFLIGHT_ONLY:-}" ] && exit 0
 [ "${GPU_OK:-0}" = 1 ] || { log "NO GPU VISIBLE: stop"; exit 1; }
@@ -59,7 +61,7 @@ log "sass exit $?"
 
 log "CUDA tests (-m cuda) + test_sass"
 # no -x: one failing CUDA test must not hide the others; every test has its own time limit
-timeout 130 "$PY" -m pytest python_tests -q -m cuda -p no:cacheprovider -o faulthandler_timeout=60 -rfs \
+timeout 120 "$PY" -m pytest python_tests -q -m cuda -p no:cacheprovider -o faulthandler_timeout=60 -rfs \
   > "$OUTDIR/pytest_cuda.log" 2>&1
 log "pytest (cuda) exit $? : $(tail -1 "$OUTDIR/pytest_cuda.log")"
 timeout 15 "$PY" -m pytest python_tests/test_sass.py -q -p no:cacheprovider -rs > "$OUTDIR/pytest_sass.log" 2>&1
@@ -89,13 +91,13 @@ log "bench kv exit $?"
 # issue 8's "measured speedup >= 90% of Leviathan's prediction at the best K, B = 1": the
 # reference pair on the GPU, 2 interleaved rounds (per-round ratios, medians), HF's peers
 log "bench e2e (cuda, batch 1, K 2 4, T 0 and 1, 2 rounds)"
-timeout 60 "$PY" -m specdec_ext.bench e2e --device cuda --batch 1 --k 2 4 --max-new-tokens 64 --repeats 2 \
+timeout 55 "$PY" -m specdec_ext.bench e2e --device cuda --batch 1 --k 2 4 --max-new-tokens 64 --repeats 2 \
   --no-progress --json "$OUTDIR/bench_e2e.json" > "$OUTDIR/bench_e2e.txt" 2>&1
 log "bench e2e exit $?"
 
 if [ -n "$NCU" ]; then
   log "ncu: dram throughput of the B=64 verify"
-  timeout 30 "$NCU" --clock-control none -k regex:verify_kernel -s 2 -c 1 \
+  timeout 25 "$NCU" --clock-control none -k regex:verify_kernel -s 2 -c 1 \
     --metrics dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
     "$PY" scripts/ncu_verify.py > "$OUTDIR/ncu_verify.txt" 2>&1
   log "ncu exit $? : $(grep -m1 dram__throughput "$OUTDIR/ncu_verify.txt" | tr -s ' ')"
@@ -103,7 +105,7 @@ else
   log "ncu missing: skipped"
 fi
 
-"$PY" benchmarks/check_targets.py "$OUTDIR/bench_verify.json" "$OUTDIR/bench_e2e.json" > "$OUTDIR/targets.txt" 2>&1
+timeout 10 "$PY" benchmarks/check_targets.py "$OUTDIR/bench_verify.json" "$OUTDIR/bench_e2e.json" > "$OUTDIR/targets.txt" 2>&1
 log "targets: $(grep -c 'NOT MET' "$OUTDIR/targets.txt") not met (targets.txt)"
 
 # markdown summary: the bench rows and the SASS table

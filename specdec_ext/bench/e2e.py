@@ -28,11 +28,13 @@ Columns: tokens/s; alpha (per-token acceptance, accepted / tested drafts); token
 target step; bk% (the engine's own bookkeeping: step time outside the draft, target and
 verify phases); speedup over target-only decoding; Leviathan's predicted speedup
 (1 - a^(K+1)) / ((1 - a)(K c + 1)) for the measured alpha and cost ratio
-c = draft time per draft token / target-only time per token; r = the row's target phase
-time per step / the baseline's (a (K+1)-token target step over a 1-token one, which
-Leviathan's formula takes as 1) and pred(r) = (1 - a^(K+1)) / ((1 - a)(K c + r)), the
-prediction with the measured r: measured speedup / pred(r) is what the engine's own
-overheads (verify, bookkeeping) leave of it.
+c = draft time per draft token / target-only time per token t; r = the row's target phase
+time per step / the baseline's (for a fixed-K row: a (K+1)-token target forward over a
+1-token one, which Leviathan's formula takes as 1; for a compiled row against the eager
+baseline it also holds the compiled/eager difference); pred(r) = (1 - a^(K+1)) /
+((1 - a)(K c + 1 + d)), d = the target phase's extra time per step over the baseline's,
+in units of t: the prediction with the measured cost of the wider target forward, so
+measured speedup / pred(r) is what the engine's own work (verify, bookkeeping) leaves.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ import argparse
 import copy
 import dataclasses
 import json
+import os
 import statistics
 import sys
 import time
@@ -213,36 +216,42 @@ def timed_rounds(cfgs: List[Config], repeats: int, bar) -> List[List[Dict[str, A
 def summarize(device, B, T, c: Config, runs, base_runs) -> Dict[str, Any]:
     """One table row from a config's per-round results and its baseline's (same rounds).
 
-    Ratios (speedup, c, target step ratio r) are taken per round against that round's
-    baseline, then the median over rounds; times and tokens/s are medians too.
+    Ratios are taken per round against that round's baseline, then the median over rounds;
+    times and tokens/s are medians too. With t = the baseline's seconds per step (its wall
+    time per token, B rows), every cost is in units of t: c = draft seconds per draft
+    token / t; r = the row's target phase per step / the baseline's (the column); and
+    pred(r) charges a step K c + 1 + (target phase per step - baseline's) / t, i.e. a
+    plain step plus the measured extra cost of the wider target forward (what the engine
+    itself adds, verify and bookkeeping, is left out: measured / pred(r) shows it).
     """
     med = statistics.median
 
-    def ratio(num, den):
-        if runs[0][num] is None or base_runs[0][den] is None:
-            return None
-        return med(r[num] / b[den] for r, b in zip(runs, base_runs))
+    def per_round(f):
+        """Median over rounds of f(row result, baseline result, t), None where undefined."""
+        vals = [f(r, b, b["seconds"] / b["tokens"] * B) for r, b in zip(runs, base_runs)]
+        return None if any(v is None for v in vals) else med(vals)
 
-    # seconds per target-only step (B rows, one token each)
-    t_plain = [b["seconds"] / b["tokens"] * B for b in base_runs]
-    c_ratio = (med(r["draft_s_per_token"] / tp for r, tp in zip(runs, t_plain))
-               if runs[0]["draft_s_per_token"] else None)
-    r_ratio = ratio("target_s_per_step", "target_s_per_step")
-    alpha = runs[0]["alpha"]
-    known = alpha is not None and c_ratio is not None and isinstance(c.k, int)
-    row = dict(device=device, batch=B, temperature=T, method=c.method, k=c.k, rounds=len(runs),
-               tokens=runs[0]["tokens"], seconds=med(r["seconds"] for r in runs),
-               tok_s=med(r["tok_s"] for r in runs), alpha=alpha, tokens_per_step=runs[0]["tokens_per_step"],
-               draft_s_per_token=(med(r["draft_s_per_token"] for r in runs) if runs[0]["draft_s_per_token"]
-                                  else None),
-               target_s_per_step=(med(r["target_s_per_step"] for r in runs) if runs[0]["target_s_per_step"]
-                                  else None),
-               bookkeeping=med(r["bookkeeping"] for r in runs) if runs[0]["bookkeeping"] is not None else None,
-               speedup=ratio("tok_s", "tok_s"), cost_ratio=c_ratio, target_ratio=r_ratio,
-               predicted=predicted_speedup(alpha, c.k, c_ratio) if known else None,
-               predicted_r=(predicted_speedup(alpha, c.k, c_ratio, r_ratio) if known and r_ratio is not None
-                            else None))
-    return row
+    def median_of(key):
+        return None if any(r[key] is None for r in runs) else med(r[key] for r in runs)
+
+    def targets(f):  # f over (row's, baseline's target phase per step, t), where both were measured
+        return lambda r, b, t: (None if r["target_s_per_step"] is None or b["target_s_per_step"] is None
+                                else f(r["target_s_per_step"], b["target_s_per_step"], t))
+
+    c_ratio = per_round(lambda r, b, t: None if r["draft_s_per_token"] is None else r["draft_s_per_token"] / t)
+    r_ratio = per_round(targets(lambda row, base, t: row / base))
+    step_ratio = per_round(targets(lambda row, base, t: 1.0 + (row - base) / t))
+    alpha = median_of("alpha")
+    leviathan = alpha is not None and c_ratio is not None and isinstance(c.k, int)
+    return dict(device=device, batch=B, temperature=T, method=c.method, k=c.k, rounds=len(runs),
+                tokens=runs[0]["tokens"], seconds=median_of("seconds"), tok_s=median_of("tok_s"), alpha=alpha,
+                tokens_per_step=median_of("tokens_per_step"), draft_s_per_token=median_of("draft_s_per_token"),
+                target_s_per_step=median_of("target_s_per_step"), bookkeeping=median_of("bookkeeping"),
+                speedup=per_round(lambda r, b, t: r["tok_s"] / b["tok_s"]), cost_ratio=c_ratio,
+                target_ratio=r_ratio,
+                predicted=predicted_speedup(alpha, c.k, c_ratio) if leviathan else None,
+                predicted_r=(predicted_speedup(alpha, c.k, c_ratio, step_ratio)
+                             if leviathan and step_ratio is not None else None))
 
 
 def bench_device(device, args, rows, bar, done_block=lambda: None):
@@ -260,6 +269,7 @@ def bench_device(device, args, rows, bar, done_block=lambda: None):
         run_engine(target, draft, 2, False, 0.0, groups[:1], 8)  # warm up
         for T in args.temperature:
             cfgs = configs(target, draft, hf_target, hf_draft, B, T, groups, args)
+            bar.total += len(cfgs) * args.repeats
             results = timed_rounds(cfgs, args.repeats, bar)
             by_method = {c.method: runs for c, runs in zip(cfgs, results)}
             for c, runs in zip(cfgs, results):
@@ -342,20 +352,18 @@ def main(argv):
         devices.remove("cuda")
     try:
         from tqdm import tqdm
-        per_config = (4 + (0 if args.only_hf else len(args.k) + 3 + args.compile)
-                      + (6 + 4 * args.compile if args.hf else 0))
-        total = len(devices) * len(args.batch) * len(args.temperature) * per_config * args.repeats
-        bar = tqdm(total=total, unit="run", file=sys.stderr, disable=args.no_progress, leave=False)
+        bar = tqdm(total=0, unit="run", file=sys.stderr, disable=args.no_progress, leave=False)  # grows per block
     except ImportError:
-        bar = type("NoBar", (), {"update": lambda self, n: None, "close": lambda self: None})()
+        bar = type("NoBar", (), {"update": lambda self, n: None, "close": lambda self: None, "total": 0})()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, max_new_tokens {args.max_new_tokens}")
     print(HEADER)
     rows = []
 
-    def save():
+    def save():  # whole or not at all: a run killed while saving keeps the previous file
         if args.json:
-            with open(args.json, "w") as f:
+            with open(args.json + ".tmp", "w") as f:
                 json.dump(dict(rows=rows, torch=torch.__version__), f, indent=1)
+            os.replace(args.json + ".tmp", args.json)
 
     for d in devices:
         bench_device(d, args, rows, bar, save)

@@ -31,8 +31,9 @@ def expected_tokens(alpha: float, k: int) -> float:
 def predicted_speedup(alpha: float, k: int, cost_ratio: float, target_ratio: float = 1.0) -> float:
     """Leviathan's speedup over plain decoding, c = draft step / target step.
 
-    ``target_ratio``: a (K+1)-token target step's cost over a 1-token step's. Leviathan's
-    formula takes it as 1 (true where a step is bound by reading the weights, as on a GPU at
+    ``target_ratio``: the cost of the step's target part (the (K+1)-token forward and
+    what a plain step spends around it) over a plain decoding step. Leviathan's formula
+    takes it as 1 (true where a forward is bound by reading the weights, as on a GPU at
     small batch); a measured value gives the prediction for hardware where it is not.
     """
     return expected_tokens(alpha, k) / (k * cost_ratio + target_ratio)
