@@ -91,7 +91,7 @@ log "bench kv exit $?"
 # issue 8's "measured speedup >= 90% of Leviathan's prediction at the best K, B = 1": the
 # reference pair on the GPU, 2 interleaved rounds (per-round ratios, medians), HF's peers
 log "bench e2e (cuda, batch 1, K 2 4, T 0 and 1, 2 rounds)"
-timeout 55 "$PY" -m specdec_ext.bench e2e --device cuda --batch 1 --k 2 4 --max-new-tokens 64 --repeats 2 \
+timeout 55 "$PY" -m specdec_ext.bench e2e --device cuda --batch 1 --k 2 4 --max-new-tokens 48 --repeats 2 \
   --no-progress --json "$OUTDIR/bench_e2e.json" > "$OUTDIR/bench_e2e.txt" 2>&1
 log "bench e2e exit $?"
 
