@@ -110,3 +110,24 @@ def test_bench_e2e_summary_takes_per_round_ratios():
     step = 1.0 + (0.0096 - 0.008) / 0.01  # 1.16, 1.16, 1.12: the extra target time in units of t
     assert row["predicted"] == pytest.approx(predicted_speedup(0.6, 4, 0.2))
     assert row["predicted_r"] == pytest.approx(predicted_speedup(0.6, 4, 0.2, step))
+
+
+def test_bench_e2e_hf_model_rows(tmp_path):
+    pytest.importorskip("transformers")
+    path = str(tmp_path / "e2e.json")
+    assert bench_main(["e2e", "--device", "cpu", "--only-hf", "--hf-k", "2", "--batch", "1", "2",
+                       "--temperature", "0", "--max-new-tokens", "5", "--prompts", "2", "--no-progress",
+                       "--json", path]) == 0
+    rows = json.load(open(path))["rows"]
+    methods = {r["method"] for r in rows}
+    assert {"target-only", "HF-model target-only", "HF-model engine", "HF-model adaptive", "HF-model hybrid",
+            "HF-model per-row", "HF generate", "HF assisted"} <= methods
+    assert "engine" not in methods  # --only-hf
+    for r in rows:
+        if r["method"].startswith("HF-model"):
+            assert r["tokens"] == 5 * 2 and r["speedup"] > 0
+    assert "HF-model" in _check_targets(path)
+
+
+def test_bench_unknown_command():
+    assert bench_main(["nope"]) == 2
