@@ -46,6 +46,7 @@ import os
 import statistics
 import sys
 import time
+from functools import partial
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -128,6 +129,11 @@ def run_hf(hf_target, hf_draft, temperature, groups, max_new, assisted, prompt_l
                 draft_s_per_token=None, target_s_per_step=None, bookkeeping=None)
 
 
+def _engine(*args, **kwargs) -> Callable[[], Dict[str, Any]]:
+    """``run_engine(*args, **kwargs)``, deferred: a :class:`Config`'s run or warm-up."""
+    return partial(run_engine, *args, **kwargs)
+
+
 @dataclasses.dataclass
 class Config:
     """One row of the table: ``run()`` times it once (a result dict of :func:`run_engine` /
@@ -140,59 +146,60 @@ class Config:
     warm: Optional[Callable[[], Any]] = None
 
 
-def _hf_model_configs(hf_target, hf_draft, T, groups, args) -> List[Config]:
-    """The engine on the transformers-loaded pair (batched path; one per-row row)."""
-    from ..models.hf import HFBatchedSpecModel, HFSpecModel
+def _hf_model_configs(hf_target, hf_draft, hf_compiled, T, groups, args) -> List[Config]:
+    """The engine on the transformers-loaded pair (batched path; one per-row row), and with
+    ``hf_compiled`` (the compiled target and draft) the compiled rows."""
+    from ..models.hf import HFSpecModel
 
     k, n = args.hf_k, args.max_new_tokens
-    eng = lambda *a, **kw: (lambda: run_engine(*a, **kw))  # noqa: E731
     base = "HF-model target-only"
-    out = [Config(base, 0, eng(hf_target, hf_draft, 0, False, T, groups, n), base,
-                  warm=eng(hf_target, hf_draft, 2, False, 0.0, groups[:1], 8)),
-           Config("HF-model engine", k, eng(hf_target, hf_draft, k, False, T, groups, n), base),
-           Config("HF-model adaptive", f"<={k}", eng(hf_target, hf_draft, k, "cost", T, groups, n), base),
-           Config("HF-model ngram", f"<={k}", eng(hf_target, None, k, "cost", T, groups, n), base),
-           Config("HF-model hybrid", f"<={k}", eng(hf_target, hf_draft, k, "cost", T, groups, n, drafter="hybrid"),
+    out = [Config(base, 0, _engine(hf_target, hf_draft, 0, False, T, groups, n), base,
+                  warm=_engine(hf_target, hf_draft, 2, False, 0.0, groups[:1], 8)),
+           Config("HF-model engine", k, _engine(hf_target, hf_draft, k, False, T, groups, n), base),
+           Config("HF-model adaptive", f"<={k}", _engine(hf_target, hf_draft, k, "cost", T, groups, n), base),
+           Config("HF-model ngram", f"<={k}", _engine(hf_target, None, k, "cost", T, groups, n), base),
+           Config("HF-model hybrid", f"<={k}", _engine(hf_target, hf_draft, k, "cost", T, groups, n, drafter="hybrid"),
                   base),
-           Config("HF-model per-row", k, eng(HFSpecModel(hf_target), HFSpecModel(hf_draft), k, False, T, groups, n),
+           Config("HF-model per-row", k, _engine(HFSpecModel(hf_target), HFSpecModel(hf_draft), k, False, T, groups, n),
                   base)]
-    if args.compile:  # the same rows on torch.compile'd forwards; speedups stay relative to the eager base
-        ct, cd = HFBatchedSpecModel(hf_target).compile_decode(), HFBatchedSpecModel(hf_draft).compile_decode()
+    if hf_compiled is not None:  # the same rows on torch.compile'd forwards; speedups stay relative to the eager base
+        ct, cd = hf_compiled
         for method, (kk, adaptive, draft) in (("HF-model target-only compiled", (0, False, cd)),
                                               ("HF-model engine compiled", (k, False, cd)),
                                               ("HF-model adaptive compiled", (k, "cost", cd)),
                                               ("HF-model ngram compiled", (k, "cost", None))):
             out.append(Config(method, kk if not adaptive else f"<={kk}",
-                              eng(ct, draft, kk, adaptive, T, groups, n), base,
+                              _engine(ct, draft, kk, adaptive, T, groups, n), base,
                               # compiles every step kind outside the timing
-                              warm=eng(ct, draft, kk, adaptive, T, groups[:1], n)))
+                              warm=_engine(ct, draft, kk, adaptive, T, groups[:1], n)))
     return out
 
 
-def configs(target, draft, hf_target, hf_draft, B, T, groups, args) -> List[Config]:
-    """Every row of one (device, batch, temperature) block, baseline first."""
+def configs(target, draft, compiled, hf_target, hf_draft, hf_compiled, B, T, groups, args) -> List[Config]:
+    """Every row of one (device, batch, temperature) block, baseline first. ``compiled``:
+    the reference target with compiled steps (``--compile``), ``hf_compiled``: the compiled
+    HF target and draft (``--hf --compile``); None otherwise. They are compiled once per
+    device, and every block that uses them warms them up on its own run first."""
     n, kmax = args.max_new_tokens, max(args.k)
-    eng = lambda *a, **kw: (lambda: run_engine(*a, **kw))  # noqa: E731
-    out = [Config("target-only", 0, eng(target, draft, 0, False, T, groups, n))]
+    out = [Config("target-only", 0, _engine(target, draft, 0, False, T, groups, n))]
     if not args.only_hf:
-        out += [Config("engine", k, eng(target, draft, k, False, T, groups, n)) for k in args.k]
-        out += [Config("engine adaptive", f"<={kmax}", eng(target, draft, kmax, "cost", T, groups, n)),
-                Config("engine ngram", f"<={kmax}", eng(target, None, kmax, "cost", T, groups, n)),
-                Config("engine hybrid", f"<={kmax}", eng(target, draft, kmax, "cost", T, groups, n,
-                                                          drafter="hybrid"))]
-        if args.compile:  # the n-gram engine on the compiled reference model
-            compiled = copy.deepcopy(target).compile_decode(freeze=True)
-            out.append(Config("engine ngram compiled", f"<={kmax}", eng(compiled, None, kmax, "cost", T, groups, n),
+        out += [Config("engine", k, _engine(target, draft, k, False, T, groups, n)) for k in args.k]
+        out += [Config("engine adaptive", f"<={kmax}", _engine(target, draft, kmax, "cost", T, groups, n)),
+                Config("engine ngram", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n)),
+                Config("engine hybrid", f"<={kmax}", _engine(target, draft, kmax, "cost", T, groups, n,
+                                                             drafter="hybrid"))]
+        if compiled is not None:  # the n-gram engine on the compiled reference model
+            out.append(Config("engine ngram compiled", f"<={kmax}", _engine(compiled, None, kmax, "cost", T, groups, n),
                               # the same run on one prompt: every step kind compiles outside the timing
-                              warm=eng(compiled, None, kmax, "cost", T, groups[:1], n)))
+                              warm=_engine(compiled, None, kmax, "cost", T, groups[:1], n)))
     if hf_target is not None and args.hf:
-        out += _hf_model_configs(hf_target, hf_draft, T, groups, args)
+        out += _hf_model_configs(hf_target, hf_draft, hf_compiled, T, groups, args)
     if hf_target is not None:
-        hf = lambda *a, **kw: (lambda: run_hf(hf_target, *a, **kw))  # noqa: E731
-        out.append(Config("HF generate", "-", hf(None, T, groups, n, False)))
+        out.append(Config("HF generate", "-", partial(run_hf, hf_target, None, T, groups, n, False)))
         if B == 1:
-            out += [Config("HF assisted", "hf", hf(hf_draft, T, groups, n, True)),
-                    Config("HF prompt lookup", "hf", hf(None, T, groups, n, False, prompt_lookup=kmax))]
+            out += [Config("HF assisted", "hf", partial(run_hf, hf_target, hf_draft, T, groups, n, True)),
+                    Config("HF prompt lookup", "hf",
+                           partial(run_hf, hf_target, None, T, groups, n, False, prompt_lookup=kmax))]
     return out
 
 
@@ -263,12 +270,20 @@ def bench_device(device, args, rows, bar, done_block=lambda: None):
         hf_target, hf_draft = bundled.load_pair(device=device, implementation="hf", check=False)
     except ImportError:
         hf_target = hf_draft = None
+    # compiled once per device (graphs are then reused across batches and temperatures)
+    compiled = (copy.deepcopy(target).compile_decode(freeze=True) if args.compile and not args.only_hf
+                else None)
+    hf_compiled = None
+    if args.compile and args.hf and hf_target is not None:
+        from ..models.hf import HFBatchedSpecModel
+
+        hf_compiled = (HFBatchedSpecModel(hf_target).compile_decode(), HFBatchedSpecModel(hf_draft).compile_decode())
     for B in args.batch:
         prompts = (PROMPTS * 8)[: max(B, args.prompts)]
         groups = [_batch(tok, prompts[i:i + B], device) for i in range(0, len(prompts), B)]
         run_engine(target, draft, 2, False, 0.0, groups[:1], 8)  # warm up
         for T in args.temperature:
-            cfgs = configs(target, draft, hf_target, hf_draft, B, T, groups, args)
+            cfgs = configs(target, draft, compiled, hf_target, hf_draft, hf_compiled, B, T, groups, args)
             bar.total += len(cfgs) * args.repeats
             results = timed_rounds(cfgs, args.repeats, bar)
             by_method = {c.method: runs for c, runs in zip(cfgs, results)}

@@ -345,11 +345,9 @@ class HFBatchedSpecModel(SpecModel):
         ``bench e2e --hf --compile``.
         float64 models raise ``ValueError``.
 
-        Every model of a transformers class shares one forward code object, and dynamo
-        caps the graphs per code object (``torch._dynamo.config.recompile_limit``,
-        default 8; past it the forward silently runs eager). A target and a draft at two
-        batch sizes need up to 12, so this raises the cap to at least
-        :data:`~specdec_ext.models.compiling.RECOMPILE_LIMIT` (a process-wide setting).
+        Every model of a transformers class shares one forward code object (a target and a
+        draft at two batch sizes need up to 12 graphs of it), so this raises dynamo's
+        recompile limit, a process-wide setting (see :mod:`specdec_ext.models.compiling`).
         """
         if not enable:
             self._run = self.model
