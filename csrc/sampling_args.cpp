@@ -66,6 +66,11 @@ RowRandomness randomness(const at::Tensor& seed, const at::Tensor& offset, const
   return r;
 }
 
+// The host checks the values of `t` (see HostChecks).
+bool host_checked(const at::Tensor& t, HostChecks checks) {
+  return t.device().is_cpu() && (checks == HostChecks::kCpuTensors || t.dim() == 0);
+}
+
 // Values of a CPU tensor (any shape), read on the host.
 template <typename T>
 std::vector<T> host_values(const at::Tensor& t) {
@@ -80,13 +85,14 @@ std::vector<T> host_values(const at::Tensor& t) {
 // value makes its row invalid (no host sync).
 template <typename T, typename Set>
 void filter_arg(const std::optional<at::Tensor>& t, const at::Tensor& ref, int64_t B, const char* name,
-                const char* range, ScalarOrRow<T>& out, Set set, RowFilters& f, std::vector<at::Tensor>& keep) {
+                const char* range, ScalarOrRow<T>& out, Set set, RowFilters& f, std::vector<at::Tensor>& keep,
+                HostChecks checks) {
   if (!t.has_value()) return;
   constexpr bool kInt = std::is_integral_v<T>;
   TORCH_CHECK_TYPE(kInt ? args::is_index_dtype(*t) : t->is_floating_point(), name, " must be ",
                    kInt ? "an int or an int64 tensor" : "a float or a floating tensor", ", got ", t->scalar_type());
   out = per_row_value<T>(*t, ref, B, name, kInt ? "an int" : "a float", keep);  // checks the shape first
-  if (t->device().is_cpu())
+  if (host_checked(*t, checks))
     for (T v : host_values<T>(*t)) {
       FilterSpec one;
       set(one, v);
@@ -98,14 +104,14 @@ void filter_arg(const std::optional<at::Tensor>& t, const at::Tensor& ref, int64
 // The filters (core/filter_math.h): top_k, top_p, min_p, each optional; any of them
 // needs V < kMaxFilterVocab (a row's 2^-40 fixed-point mass must fit in 63 bits).
 RowFilters row_filters(const SamplingFilters& in, const at::Tensor& ref, int64_t B, int64_t V,
-                       std::vector<at::Tensor>& keep) {
+                       std::vector<at::Tensor>& keep, HostChecks checks) {
   RowFilters f;
   filter_arg<int64_t>(in.top_k, ref, B, "top_k", ">= 0 (0 = off)", f.top_k,
-                      [](FilterSpec& s, int64_t v) { s.top_k = v; }, f, keep);
+                      [](FilterSpec& s, int64_t v) { s.top_k = v; }, f, keep, checks);
   filter_arg<float>(in.top_p, ref, B, "top_p", "in (0, 1] (1 = off)", f.top_p,
-                    [](FilterSpec& s, float v) { s.top_p = v; }, f, keep);
+                    [](FilterSpec& s, float v) { s.top_p = v; }, f, keep, checks);
   filter_arg<float>(in.min_p, ref, B, "min_p", "in [0, 1) (0 = off)", f.min_p,
-                    [](FilterSpec& s, float v) { s.min_p = v; }, f, keep);
+                    [](FilterSpec& s, float v) { s.min_p = v; }, f, keep, checks);
   TORCH_CHECK_VALUE(!f.any || V < kMaxFilterVocab, "top_k / top_p / min_p need V < 2^23, got V = ", V);
   return f;
 }
@@ -116,7 +122,7 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
                             const std::optional<at::Tensor>& draft_probs,
                             const at::Tensor& temperature, const at::Tensor& seed,
                             const at::Tensor& offset, const SamplingFilters& filters,
-                            const std::optional<at::Tensor>& num_drafts, bool coupled) {
+                            const std::optional<at::Tensor>& num_drafts, bool coupled, HostChecks checks) {
   VerifyLaunch L;
   VerifyParams& P = L.params;
   TORCH_CHECK_VALUE(target_logits.dim() == 3, "target_logits must be [B, K+1, V], got shape ", target_logits.sizes());
@@ -162,13 +168,13 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
   }
   P.temperature = per_row_temperature(temperature, target_logits, B, L.keep_alive);
   P.rnd = randomness(seed, offset, target_logits, B, L.keep_alive);
-  P.filters = row_filters(filters, target_logits, B, V, L.keep_alive);
+  P.filters = row_filters(filters, target_logits, B, V, L.keep_alive, checks);
   if (num_drafts.has_value()) {
     const at::Tensor& n = *num_drafts;
     TORCH_CHECK_TYPE(args::is_index_dtype(n), "num_drafts must be an int64 or int32 tensor, got ", n.scalar_type());
     TORCH_CHECK_VALUE(n.dim() == 1 && n.size(0) == B, "num_drafts must be [B] = [", B, "], got shape ", n.sizes());
     args::check_device_or_host(n, target_logits, "num_drafts", "target_logits");
-    if (n.device().is_cpu())
+    if (host_checked(n, checks))
       for (int64_t k : host_values<int64_t>(n))
         TORCH_CHECK_VALUE(k >= 0 && k <= K, "num_drafts values must be in [0, K = ", K, "], got ", k);
     at::Tensor c = n.to(target_logits.device(), at::kLong, /*non_blocking=*/true);
@@ -190,7 +196,8 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
 
 SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperature,
                             const at::Tensor& seed, const at::Tensor& offset,
-                            const std::optional<at::Tensor>& probs_out, const SamplingFilters& filters) {
+                            const std::optional<at::Tensor>& probs_out, const SamplingFilters& filters,
+                            HostChecks checks) {
   SampleLaunch L;
   SampleParams& P = L.params;
   TORCH_CHECK_VALUE(logits.dim() == 2, "logits must be [B, V], got shape ", logits.sizes());
@@ -205,7 +212,7 @@ SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperat
   P.V = V;
   P.temperature = per_row_temperature(temperature, logits, B, L.keep_alive);
   P.rnd = randomness(seed, offset, logits, B, L.keep_alive);
-  P.filters = row_filters(filters, logits, B, V, L.keep_alive);
+  P.filters = row_filters(filters, logits, B, V, L.keep_alive, checks);
   if (probs_out.has_value()) {
     const at::Tensor& o = *probs_out;
     TORCH_CHECK_TYPE(o.scalar_type() == at::kFloat, "probs_out must be float32, got ", o.scalar_type());

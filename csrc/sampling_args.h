@@ -11,6 +11,12 @@
 
 namespace specdec {
 
+// Which per-row argument tensors the host reads to check their values: every CPU
+// tensor (the real devices: a [B] CPU tensor is checked, then copied), or only 0-dim
+// ones (the SIMT emulation, csrc/simt: its CPU tensors stand for device tensors, whose
+// bad values make their rows invalid instead).
+enum class HostChecks { kCpuTensors, kScalarsOnly };
+
 // The optional filter arguments of both ops (None = off).
 struct SamplingFilters {
   std::optional<at::Tensor> top_k, top_p, min_p;
@@ -35,10 +41,12 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
                             const std::optional<at::Tensor>& draft_probs,
                             const at::Tensor& temperature, const at::Tensor& seed,
                             const at::Tensor& offset, const SamplingFilters& filters,
-                            const std::optional<at::Tensor>& num_drafts, bool coupled);
+                            const std::optional<at::Tensor>& num_drafts, bool coupled,
+                            HostChecks checks = HostChecks::kCpuTensors);
 
 SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperature,
                             const at::Tensor& seed, const at::Tensor& offset,
-                            const std::optional<at::Tensor>& probs_out, const SamplingFilters& filters);
+                            const std::optional<at::Tensor>& probs_out, const SamplingFilters& filters,
+                            HostChecks checks = HostChecks::kCpuTensors);
 
 }  // namespace specdec

@@ -1,15 +1,20 @@
-"""pytest configuration: the ``cuda`` marker and the ``device`` / ``variant`` fixtures.
+"""pytest configuration: the ``cuda`` and ``simt`` markers and the ``device`` / ``variant`` /
+``gpu`` / ``backend`` fixtures.
 
 Tests marked ``cuda`` need a GPU and a build with the CUDA kernels; they are skipped
 (with the reason) elsewhere. ``pytest -m cuda`` selects exactly them (scripts/gpu_check.sh).
+Tests marked ``simt`` run the CUDA kernels in the SIMT emulation (backends.py);
+``pytest -m simt`` selects them (scripts/simt_check.sh runs them in each emulator build).
 """
 import pytest
 
+import backends
 from helpers import CUDA, DEVICES
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a GPU and a build with the CUDA kernels")
+    config.addinivalue_line("markers", "simt: runs the CUDA kernels in the SIMT emulation (specdec_ext.testing.simt)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -35,3 +40,21 @@ def variant(request, monkeypatch):
     else:
         monkeypatch.delenv("SPECDEC_CPU_CAPABILITY", raising=False)
     return "cuda" if request.param == "cuda" else "cpu"
+
+
+_SIMT = pytest.param("simt", marks=pytest.mark.simt)
+_CUDA = pytest.param("cuda", marks=pytest.mark.cuda)
+
+
+@pytest.fixture(params=[_SIMT, _CUDA])
+def gpu(request):
+    """Where the CUDA kernels run (backends.py): the SIMT emulation on every machine, and
+    the GPU where there is one."""
+    return backends.make(request.param)
+
+
+@pytest.fixture(params=["cpu", _SIMT, _CUDA])
+def backend(request):
+    """Every copy of the kernels (backends.py): the CPU kernels, the CUDA kernels emulated,
+    and the CUDA kernels on a GPU where there is one."""
+    return backends.make(request.param)

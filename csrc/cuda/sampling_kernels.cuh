@@ -76,6 +76,8 @@
 #include "../core/sampling_params.h"
 #include "../core/verify_math.h"
 #include "block_reduce.cuh"
+#include "launch_plan.h"
+#include "shared_memory.cuh"
 
 namespace specdec::cuda {
 
@@ -86,15 +88,9 @@ __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 constexpr float kInf = __builtin_huge_valf();
-constexpr int64_t kStatBlock = 1024;  // tokens per stat block (one warp, 32 per lane)
 static_assert(kStatBlock % kRaceTile == 0, "stat blocks hold whole race tiles");
 
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
-
-// Launch shape of verify / sample: 256 threads, and a register budget that lets
-// 3 blocks share an SM (65536 / (3 * 256) -> <= 80 registers per thread).
-constexpr int kBlockThreads = 256;
-constexpr int kMinBlocksPerSM = 3;
 
 // Word w (0..3) of a 16-byte vector; w is a compile-time constant after unrolling.
 __device__ __forceinline__ uint32_t u4_word(const uint4& u, int w) {
@@ -149,18 +145,19 @@ struct ChunkStats {
   float max;    // max logit over the finite and -inf logits (-inf if none)
   float sum;    // sum of shifted_exp(l, max, inv_t)
   int bad;      // a NaN or +inf logit was seen
+  float lo;     // smallest logit that weighs in the sum (after the filter cutoff; +inf if none)
   int64_t arg;  // first index of the max
 
   __device__ __forceinline__ ChunkStats shfl(int m) const {
-    return ChunkStats{shfl_xor(max, m), shfl_xor(sum, m), shfl_xor(bad, m), shfl_xor(arg, m)};
+    return ChunkStats{shfl_xor(max, m), shfl_xor(sum, m), shfl_xor(bad, m), shfl_xor(lo, m), shfl_xor(arg, m)};
   }
-  __device__ static ChunkStats empty() { return ChunkStats{-kInf, 0.0f, 0, INT64_MAX}; }
+  __device__ static ChunkStats empty() { return ChunkStats{-kInf, 0.0f, 0, kInf, INT64_MAX}; }
 };
 
 __device__ __forceinline__ ChunkStats merge_stats(const ChunkStats& a, const ChunkStats& b, float inv_t) {
   const SoftmaxStats s = stats_merge(SoftmaxStats{a.max, a.sum}, SoftmaxStats{b.max, b.sum}, inv_t);
   const bool take_b = b.max > a.max || (b.max == a.max && b.arg < a.arg);
-  return ChunkStats{s.max, s.sum, a.bad | b.bad, take_b ? b.arg : a.arg};
+  return ChunkStats{s.max, s.sum, a.bad | b.bad, fminf(a.lo, b.lo), take_b ? b.arg : a.arg};
 }
 
 struct StatsMerge {
@@ -224,14 +221,17 @@ __device__ __forceinline__ ChunkStats stat_block(const T* row, int64_t V, int64_
       arg = k;
     }
   }
-  float sum = 0.0f;
+  float sum = 0.0f, lo = kInf;
   if (want_sum && m != -kInf) {
 #pragma unroll
-    for (int k = 0; k < N * W; ++k)  // exp(-inf) = 0 for masked and filtered tokens
-      sum += shifted_exp(filtered_logit(x[k], cut), m, inv_t);
+    for (int k = 0; k < N * W; ++k) {  // exp(-inf) = 0 for masked and filtered tokens
+      const float xf = filtered_logit(x[k], cut);
+      sum += shifted_exp(xf, m, inv_t);
+      if (xf != -kInf) lo = fminf(lo, xf);
+    }
   }
   const int64_t tok = arg < 0 ? INT64_MAX : base + static_cast<int64_t>((arg / W) * 32 + lane) * W + arg % W;
-  return warp_reduce(ChunkStats{m, sum, bad, tok}, StatsMerge{inv_t});
+  return warp_reduce(ChunkStats{m, sum, bad, lo, tok}, StatsMerge{inv_t});
 }
 
 // Merge the stat blocks [0, nblk) of one row-position (warp-wide, fixed order:
@@ -293,10 +293,6 @@ struct Workspace {
 // filter_cutoff_kernel writes -inf for greedy / invalid rows and unused positions).
 __device__ __forceinline__ float cutoff_of(const Workspace& W, int64_t r) { return W.cutoff ? W.cutoff[r] : -kInf; }
 
-// The stages of one call (stage argument of the kernels).
-constexpr int kAllStages = -1;  // cooperative launch: all stages with grid syncs
-constexpr int kStages = 3;
-
 // ----------------------------------------------------------------------------
 // Race weights and the two-level race
 // ----------------------------------------------------------------------------
@@ -341,6 +337,27 @@ __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
   return x;
+}
+
+// The merged stats of one row-position (warp-wide; every lane gets them). The stat
+// blocks' sums are taken against each lane's own max and rescaled by
+// shifted_exp(lane max, row max) when merged: that is the documented
+// s = sum exp((x - m) * inv_t) (verify_math.h) up to rounding, EXCEPT where x - m
+// overflows float (logits more than FLT_MAX apart; it matters at T >~ 2e37): the
+// formula then gives exp(-inf) = 0, the rescaled lane sum a positive term. A
+// row-position with such a logit (its smallest weighing logit minus its max is -inf)
+// takes s from the logits with the formula itself: a rare, slower path (one warp
+// reads the row once more, scalar loads), never taken for logits within FLT_MAX.
+template <typename T>
+__device__ ChunkStats merge_row_stats(const ChunkStats* blocks, int64_t nblk, float inv_t, const T* row, int64_t V,
+                                float cut) {
+  ChunkStats st = merge_stat_blocks(blocks, nblk, inv_t);
+  if (st.sum > 0.0f && !st.bad && st.lo - st.max == -kInf) {  // warp-uniform
+    float s = 0.0f;
+    for (int64_t v = threadIdx.x & 31; v < V; v += 32) s += shifted_exp(filtered_logit(to_float(row[v]), cut), st.max, inv_t);
+    st.sum = warp_sum(s);
+  }
+  return st;
 }
 
 // Coarse race over the tiles of chunk c (block-wide): one warp per tile of
@@ -459,6 +476,21 @@ struct PositionTest {
   bool stop, invalid_stop, bad;
 };
 
+// The logits of position i of verify row b.
+template <typename TL>
+__device__ __forceinline__ const TL* position_row(const VerifyParams& P, int64_t b, int64_t i) {
+  return static_cast<const TL*>(P.logits) + b * P.logits_stride_b + i * P.logits_stride_k;
+}
+
+// The merged stats of position i of verify row b (merge_row_stats).
+template <typename TL>
+__device__ __forceinline__ ChunkStats position_stats(const VerifyParams& P, const Workspace& W, int64_t b, int64_t i,
+                                                     float inv_t) {
+  const int64_t r = b * (P.K + 1) + i;
+  return merge_row_stats(W.stats + r * W.stat_blocks, W.stat_blocks, inv_t, position_row<TL>(P, b, i), P.V,
+                   cutoff_of(W, r));
+}
+
 // The test of position i <= n of a row that tests n drafts, given its merged
 // stats (one thread): does the chain stop here, and does that stop make the row
 // invalid? Position n is the bonus position: it always stops (no test).
@@ -491,7 +523,7 @@ __device__ PositionTest test_position(const VerifyParams& P, const Workspace& W,
     r.stop = r.invalid_stop = true;
     return r;
   }
-  const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b + i * P.logits_stride_k;
+  const TL* row = position_row<TL>(P, b, i);
   // the filtered p(x): 0 when x is below the cutoff, so such a draft is always rejected
   const float e_x = shifted_exp(filtered_logit(to_float(row[x]), cutoff_of(W, b * (K + 1) + i)), st.max, inv_t);
   r.stop = !ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, st.sum, e_x);
@@ -503,7 +535,7 @@ __device__ PositionTest test_position(const VerifyParams& P, const Workspace& W,
 template <typename TL, typename TQ>
 __device__ void decide_row(const VerifyParams& P, const Workspace& W, int64_t b, int64_t n, float inv_t, bool greedy,
                            const RowRng& rng, RowShared& sh) {
-  const int64_t K = P.K, NB = W.stat_blocks;
+  const int64_t K = P.K;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   if (threadIdx.x == 0) {
     sh.first_stop = static_cast<int>(n);
@@ -511,7 +543,7 @@ __device__ void decide_row(const VerifyParams& P, const Workspace& W, int64_t b,
   }
   __syncthreads();
   for (int64_t i = warp; i <= n; i += warps) {
-    const ChunkStats st = merge_stat_blocks(W.stats + (b * (K + 1) + i) * NB, NB, inv_t);
+    const ChunkStats st = position_stats<TL>(P, W, b, i, inv_t);
     if (lane == 0) {
       const PositionTest r = test_position<TL, TQ>(P, W, b, i, n, st, inv_t, greedy, rng);
       if (r.bad) atomicOr(&sh.bad, 1);
@@ -521,7 +553,7 @@ __device__ void decide_row(const VerifyParams& P, const Workspace& W, int64_t b,
   __syncthreads();
   const int64_t j = sh.first_stop;
   if (warp == 0) {  // publish the stats of the stop position
-    const ChunkStats st = merge_stat_blocks(W.stats + (b * (K + 1) + j) * NB, NB, inv_t);
+    const ChunkStats st = position_stats<TL>(P, W, b, j, inv_t);
     if (lane == 0) {
       const PositionTest r = test_position<TL, TQ>(P, W, b, j, n, st, inv_t, greedy, rng);
       sh.stop_invalid = r.invalid_stop;
@@ -703,8 +735,8 @@ __device__ void verify_output_stage(const VerifyParams& P, const Workspace& W) {
 template <typename TL, typename TQ>
 __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) verify_kernel(VerifyParams P, Workspace W,
                                                                                 int stage) {
-  __shared__ RacePair race_scratch[32];
-  __shared__ RowShared row;
+  SPECDEC_SHARED(RacePair[32], race_scratch);
+  SPECDEC_SHARED(RowShared, row);
   const bool all = stage == kAllStages;
   if (all || stage == 0)
     stats_stage<TL>(P.logits, P.logits_stride_b, P.logits_stride_k, P.K + 1, P.temperature, P.num_drafts,
@@ -774,7 +806,7 @@ __device__ void sample_decide_stage(const Rows& R, int64_t V, const Workspace& W
     const float t = R.temperature(r);
     const bool greedy = t == 0.0f;
     if ((threadIdx.x >> 5) == 0) {
-      const ChunkStats st = merge_stat_blocks(W.stats + r * NB, NB, stats_inv_t(t));
+      const ChunkStats st = merge_row_stats(W.stats + r * NB, NB, stats_inv_t(t), R.row(r), V, cutoff_of(W, r));
       if (threadIdx.x == 0) row_stats = st;
     }
     __syncthreads();
@@ -818,8 +850,8 @@ __device__ void sample_output_stage(const Rows& R, int64_t V, const Workspace& W
 template <typename TL>
 __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) sample_kernel(SampleParams P, Workspace W,
                                                                                 int stage) {
-  __shared__ RacePair race_scratch[32];
-  __shared__ ChunkStats row_stats;
+  SPECDEC_SHARED(RacePair[32], race_scratch);
+  SPECDEC_SHARED(ChunkStats, row_stats);
   const SampleRows<TL> R{P};
   const bool all = stage == kAllStages;
   if (all || stage == 0)
@@ -846,8 +878,8 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) sample_kernel(
 template <typename TL>
 __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) coupled_race_kernel(VerifyParams P, Workspace W,
                                                                                       int stage) {
-  __shared__ RacePair race_scratch[32];
-  __shared__ ChunkStats row_stats;
+  SPECDEC_SHARED(RacePair[32], race_scratch);
+  SPECDEC_SHARED(ChunkStats, row_stats);
   const CoupledRows<TL> R{P, W.coupled_y};
   const bool all = stage == kAllStages;
   if (all || stage == 0)
@@ -928,7 +960,6 @@ struct FilterParams {
   float* cutoff; // [B * positions] out
 };
 
-constexpr int kFilterThreads = 256;
 
 struct MaxBad {
   float m;
@@ -1029,10 +1060,10 @@ __device__ float block_cutoff(const T* row, int64_t V, bool vec, float m, float 
 
 template <typename T>
 __global__ void __launch_bounds__(kFilterThreads) filter_cutoff_kernel(FilterParams F) {
-  __shared__ uint32_t count[kRadixBins];
-  __shared__ unsigned long long mass[kRadixBins];
-  __shared__ MaxBad max_scratch[32];
-  __shared__ MinVal min_scratch[32];
+  SPECDEC_SHARED(uint32_t[kRadixBins], count);
+  SPECDEC_SHARED(unsigned long long[kRadixBins], mass);
+  SPECDEC_SHARED(MaxBad[32], max_scratch);
+  SPECDEC_SHARED(MinVal[32], min_scratch);
   for (int64_t item = blockIdx.x; item < F.B * F.positions; item += gridDim.x) {
     const int64_t b = item / F.positions, i = item - b * F.positions;
     const float t = F.temperature.get(b);

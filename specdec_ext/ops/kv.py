@@ -11,6 +11,9 @@ from ._fake_checks import INDEX, check_cache_write, check_devices, check_dim, ch
 
 __all__ = ["kv_append_", "kv_rollback_"]
 
+#: the op namespace the wrappers call (specdec_ext.testing.simt rebinds it to the SIMT emulation)
+_OPS = torch.ops.specdec
+
 
 def kv_append_(
     key_cache: torch.Tensor,
@@ -45,7 +48,7 @@ def kv_append_(
           steps (``overflow.any().item()``) finds it with no sync per step. Without
           ``overflow`` such a row is skipped silently.
     """
-    torch.ops.specdec.kv_append_(key_cache, value_cache, new_k, new_v, lengths, overflow)
+    _OPS.kv_append_(key_cache, value_cache, new_k, new_v, lengths, overflow)
 
 
 def kv_rollback_(
@@ -77,7 +80,7 @@ def kv_rollback_(
     if not isinstance(num_kept, torch.Tensor):
         num_kept = torch.full(lengths.shape, check_int("num_kept", num_kept, -(2**63), 2**63 - 1),
                               dtype=torch.int64, device=lengths.device)
-    torch.ops.specdec.kv_rollback_(lengths, num_appended, num_kept, invalid)
+    _OPS.kv_rollback_(lengths, num_appended, num_kept, invalid)
 
 
 # ---- fake (meta) kernels ----

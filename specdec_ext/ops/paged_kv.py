@@ -11,6 +11,9 @@ from ._fake_checks import INDEX, check_cache_pair, check_cache_write, check_devi
 
 __all__ = ["paged_kv_append_", "paged_kv_gather"]
 
+#: the op namespace the wrappers call (specdec_ext.testing.simt rebinds it to the SIMT emulation)
+_OPS = torch.ops.specdec
+
 
 def paged_kv_append_(
     key_cache: torch.Tensor,
@@ -38,7 +41,7 @@ def paged_kv_append_(
         - CUDA: that token is skipped, the others are written and ``invalid`` is set True
           (never cleared). Repeated slots are not detected on CUDA (one of the writes wins).
     """
-    torch.ops.specdec.paged_kv_append_(key_cache, value_cache, new_k, new_v, slot_mapping, invalid)
+    _OPS.paged_kv_append_(key_cache, value_cache, new_k, new_v, slot_mapping, invalid)
 
 
 def paged_kv_gather(
@@ -78,11 +81,11 @@ def paged_kv_gather(
         keys_out, values_out = out
         if max_len is not None and keys_out.dim() == 4 and keys_out.shape[2] != check_int("max_len", max_len, 0):
             raise ValueError(f"max_len={max_len} but out has length {keys_out.shape[2]}")
-        torch.ops.specdec.paged_kv_gather_into_(key_cache, value_cache, block_tables, lengths, keys_out, values_out)
+        _OPS.paged_kv_gather_into_(key_cache, value_cache, block_tables, lengths, keys_out, values_out)
         return keys_out, values_out
     if max_len is None:
         raise ValueError("max_len is required when out is not given")
-    return torch.ops.specdec.paged_kv_gather(key_cache, value_cache, block_tables, lengths,
+    return _OPS.paged_kv_gather(key_cache, value_cache, block_tables, lengths,
                                              check_int("max_len", max_len, 0))
 
 

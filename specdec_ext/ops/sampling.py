@@ -12,6 +12,9 @@ from ._args import (FloatOrTensor, IntOrTensor, Temperature, filter_args, float_
 
 __all__ = ["VerifyResult", "sample", "verify"]
 
+#: the op namespace the wrappers call (specdec_ext.testing.simt rebinds it to the SIMT emulation)
+_OPS = torch.ops.specdec
+
 
 class VerifyResult(NamedTuple):
     """Result of :func:`verify`.
@@ -114,7 +117,7 @@ def verify(
     coupled = mode_arg(mode)
     if num_drafts is not None and not isinstance(num_drafts, torch.Tensor):
         raise TypeError(f"num_drafts must be None or an int tensor [B], got {type(num_drafts).__name__}")
-    tokens, num_accepted, valid = torch.ops.specdec.verify(
+    tokens, num_accepted, valid = _OPS.verify(
         float_arg(target_logits), draft_token_ids, float_arg(draft_probs), temperature_arg(temperature),
         seed_arg(seed), int64_arg(offset, "offset"), *filter_args(top_k, top_p, min_p), num_drafts, coupled)
     return VerifyResult(tokens, num_accepted, valid)
@@ -153,7 +156,7 @@ def sample(
     usable temperature; -1 for a row whose logits hold NaN / +inf or are all -inf, or whose
     device tensor temperature or filter value is unusable; its probs_out row is then 0.
     """
-    return torch.ops.specdec.sample(
+    return _OPS.sample(
         float_arg(logits), temperature_arg(temperature), seed_arg(seed), int64_arg(offset, "offset"), probs_out,
         *filter_args(top_k, top_p, min_p))
 

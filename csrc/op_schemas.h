@@ -1,0 +1,145 @@
+// The ONE place where the specdec operator schemas are defined, each with its
+// comment: csrc/ops.cpp registers them as torch.ops.specdec.*, and the SIMT emulation
+// of the CUDA kernels (csrc/simt/ops_simt.cpp) registers the ops that have a CUDA
+// kernel under the same names and signatures as torch.ops.specdec_simt.*.
+//
+// Shapes: B batch, K drafts per row, V vocabulary.
+//
+// Errors (every op, raised before anything is written, naming the argument):
+// a bad value / shape / device / range or an aliasing problem is a ValueError,
+// a wrong dtype a TypeError (csrc/args/common.h). Tensors an op writes must not
+// overlap themselves (e.g. expanded) or share a byte with any other argument.
+// Problems only the CUDA kernels can see (data-dependent, no host sync) set the
+// optional sticky flag tensors instead.
+#pragma once
+
+namespace specdec::schemas {
+
+// Fused chain verification of K drafted tokens per row, straight from logits.
+//   target_logits   [B, K+1, V] float32|float16|bfloat16  (vocab dim stride 1, else copied)
+//   draft_token_ids [B, K] int64|int32
+//   draft_probs     [B, K, V] float32|float16|bfloat16, or None = one-hot (deterministic drafts)
+//   temperature     float32 [] or [B]; 0 = greedy. A 0-dim CPU tensor is read on the host
+//                   (an unusable value raises); otherwise an unusable T makes its row invalid
+//   seed, offset    int64 [] (batch-wide, row index mixed in) or [B] (per row)
+//   (temperature, seed and offset live on the data's device, or are CPU tensors: 0-dim ones
+//   are read on the host, [B] ones copied to the device without a host sync)
+//   top_k           int64|int32 [] or [B], or None: keep logits >= the k-th largest (0 = off)
+//   top_p           float32 [] or [B], or None: nucleus on the top-k survivors, in (0, 1] (1 = off)
+//   min_p           float32 [] or [B], or None: keep p >= min_p * max p, in [0, 1) (0 = off)
+//                   (core/filter_math.h; HF warper order; never applied to greedy rows. CPU
+//                   tensors are checked on the host (ValueError); a bad value in a device
+//                   tensor makes its row invalid)
+//   num_drafts      int64|int32 [B] in [0, K], or None (= K): row b tests drafts
+//                   0..num_drafts[b]-1, its bonus comes from position num_drafts[b], later
+//                   positions are not read (CPU tensor: checked; device: out of range = invalid row)
+//   coupled         false: Leviathan's ratio test. true: the token at verified position i of
+//                   row b is sample(target_logits[b, i], ..., offset = offset[b] + i) (row b's
+//                   sample stream); a draft is accepted iff it equals it (draft_probs not read)
+// A row is invalid (tokens -1, num_accepted 0, valid false) exactly for NaN / +inf logits at
+// positions 0..num_drafts[b], all -inf logits at a used position, an unusable temperature or
+// filter value, num_drafts[b] outside [0, K], a draft id outside [0, V) among the tested ones
+// or a bad draft probability the op reads (core/verify_math.h); finite logits never are.
+// returns tokens [B, K+1] int64 (accepted drafts, correction/bonus, then -1),
+//         num_accepted [B] int64, valid [B] bool
+inline constexpr const char* kVerifySchema =
+    "verify(Tensor target_logits, Tensor draft_token_ids, Tensor? draft_probs, "
+    "Tensor temperature, Tensor seed, Tensor offset, Tensor? top_k=None, Tensor? top_p=None, "
+    "Tensor? min_p=None, Tensor? num_drafts=None, bool coupled=False) -> (Tensor, Tensor, Tensor)";
+
+// Fused draft-step sampler: temperature softmax + one draw per row.
+//   logits      [B, V] float32|float16|bfloat16 (any row stride)
+//   temperature, seed, offset as in verify
+//   probs_out   [B, V] float32 written in place with the normalised (filtered) probabilities
+//               (may be a strided slice such as draft_probs[:, i]), or None
+//   top_k, top_p, min_p as in verify: the draw and probs_out follow the filtered law q'
+// returns tokens [B] int64 (-1 for a row with NaN / +inf / all -inf logits or an unusable
+// temperature or filter value; such a row's probs_out is all 0)
+inline constexpr const char* kSampleSchema =
+    "sample(Tensor logits, Tensor temperature, Tensor seed, Tensor offset, "
+    "Tensor(a!)? probs_out, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None) -> Tensor";
+
+// ---- DEBUG / TEST ONLY: slow scalar references (csrc/cpu/sampling_cpu.cpp, CPU kernels only) ----
+// The readable statement of the algorithm (core/verify_math.h: verify_row_reference,
+// sample_row_reference) run one row at a time, with exactly the argument handling
+// (prepare_verify / prepare_sample) and the RNG keying (make_row_rng) of verify / sample, so
+// that tests can compare the fused kernels with it row by row. Orders of magnitude slower than
+// the fused ops; no CUDA kernel and no fake kernel: not for production or torch.compile.
+//   verify_reference: arguments and results as verify
+//   sample_reference: arguments as sample; returns tokens [B] int64 and probs [B, V] float32
+//                     (what sample writes to probs_out)
+inline constexpr const char* kVerifyReferenceSchema =
+    "verify_reference(Tensor target_logits, Tensor draft_token_ids, Tensor? draft_probs, "
+    "Tensor temperature, Tensor seed, Tensor offset, Tensor? top_k=None, Tensor? top_p=None, "
+    "Tensor? min_p=None, Tensor? num_drafts=None, bool coupled=False) -> (Tensor, Tensor, Tensor)";
+inline constexpr const char* kSampleReferenceSchema =
+    "sample_reference(Tensor logits, Tensor temperature, Tensor seed, Tensor offset, "
+    "Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None) -> (Tensor, Tensor)";
+
+// ---- KV cache (csrc/cpu/kv_cache_cpu.cpp, csrc/cuda/kv_cache_cuda.cu) ----
+// Shapes: H kv heads, D head dim, M = max_len, S new tokens per row, T tokens,
+// NB blocks of BS slots (slot = block * BS + offset). Cache dtypes: float32|float16|bfloat16;
+// new keys/values must have the cache's dtype (never converted). Head dim stride 1.
+
+// Write each row's S new tokens at positions lengths[b] .. lengths[b]+S-1 (lengths NOT advanced).
+//   key_cache, value_cache [B, H, M, D] (mutated; any strides with stride(3) == 1)
+//   new_k, new_v           [B, H, S, D] same dtype as the cache (any strides)
+//   lengths                [B] int32|int64, cache's device
+//   overflow               [B] bool or None: sticky flags, set (never cleared) by the CUDA kernel
+//                          for a row with lengths[b] < 0 or lengths[b] + S > M; that row is
+//                          skipped. CPU: such a batch raises ValueError before writing (flags
+//                          untouched).
+inline constexpr const char* kKvAppendSchema =
+    "kv_append_(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor new_k, Tensor new_v, "
+    "Tensor lengths, Tensor(c!)? overflow=None) -> ()";
+
+// lengths[b] -= num_appended - num_kept[b], in place, on the device (no host sync).
+//   lengths   [B] int32|int64 (mutated)
+//   num_kept  [B] int32|int64 on lengths' device, in [0, num_appended] (e.g. num_accepted + 1)
+//   invalid   [B] bool or None: sticky flags, set by the CUDA kernel for a row whose num_kept is
+//             outside [0, num_appended], whose current length is negative or whose length would
+//             go negative; that row's length is left unchanged. CPU: such a batch raises
+//             ValueError before writing (flags untouched). Overflow-free for any int64 values.
+inline constexpr const char* kKvRollbackSchema =
+    "kv_rollback_(Tensor(a!) lengths, int num_appended, Tensor num_kept, "
+    "Tensor(b!)? invalid=None) -> ()";
+
+// Paged write: token t goes to slot slot_mapping[t] (-1 = padding, skipped).
+//   key_cache, value_cache [NB, BS, H, D] (mutated; stride(3) == 1)
+//   new_k, new_v           [T, H, D] same dtype as the cache (any strides)
+//   slot_mapping           [T] int64|int32; valid slots distinct
+//   invalid                [] bool (one element) or None: sticky flag, set by the CUDA kernel
+//                          when a slot is outside [0, NB*BS) and not -1 (that token is skipped).
+//                          CPU: raises ValueError before writing on such a slot or a repeated slot.
+inline constexpr const char* kPagedKvAppendSchema =
+    "paged_kv_append_(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor new_k, Tensor new_v, "
+    "Tensor slot_mapping, Tensor(c!)? invalid=None) -> ()";
+
+// Gather a paged cache into dense tensors for attention (e.g. SDPA).
+//   key_cache, value_cache [NB, BS, H, D] (read only: they may be the same tensor, or expanded)
+//   block_tables           [B, max_blocks_per_seq] int32 (int64 accepted)
+//   lengths                [B] int32|int64
+// returns keys, values [B, H, max_len, D] contiguous, cache dtype; zero at positions >= lengths[b].
+// CPU raises ValueError on lengths[b] outside [0, min(max_len, max_blocks_per_seq * BS)] or a used table
+// entry outside [0, NB); CUDA clamps the length into that range and zero-fills positions whose
+// table entry is out of range.
+inline constexpr const char* kPagedKvGatherSchema =
+    "paged_kv_gather(Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor lengths, "
+    "int max_len) -> (Tensor, Tensor)";
+
+// paged_kv_gather into caller-owned buffers (reused across steps; CUDA-graph friendly).
+//   keys_out, values_out [B, H, max_len, D] (mutated) cache dtype, stride(3) == 1, other strides free;
+//   max_len = keys_out.size(2). Same rules as paged_kv_gather; CPU writes nothing on an error.
+inline constexpr const char* kPagedKvGatherIntoSchema =
+    "paged_kv_gather_into_(Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor lengths, "
+    "Tensor(a!) keys_out, Tensor(b!) values_out) -> ()";
+
+// Every op, in registration order; kCudaOps: the ops that have a CUDA kernel.
+inline constexpr const char* kAll[] = {kVerifySchema,        kSampleSchema,          kVerifyReferenceSchema,
+                                       kSampleReferenceSchema, kKvAppendSchema,       kKvRollbackSchema,
+                                       kPagedKvAppendSchema,   kPagedKvGatherSchema,  kPagedKvGatherIntoSchema};
+inline constexpr const char* kCudaOps[] = {kVerifySchema,        kSampleSchema,        kKvAppendSchema,
+                                           kKvRollbackSchema,    kPagedKvAppendSchema, kPagedKvGatherSchema,
+                                           kPagedKvGatherIntoSchema};
+
+}  // namespace specdec::schemas

@@ -1,0 +1,3 @@
+// SIMT emulation build: stands in for the CUDA runtime header (csrc/simt/simt.h).
+#pragma once
+#include "../simt.h"

@@ -1,0 +1,55 @@
+// The CUDA kernels and their launch sequences compiled as host C++ for the SIMT
+// emulator: csrc/cuda is included as it is, with __CUDA_ARCH__ defined so the device
+// branches of csrc/core compile, and csrc/simt/include standing in for the CUDA
+// headers. No torch in this translation unit.
+#if !defined(SPECDEC_SIMT)
+#error "kernels_simt.cpp is the SIMT emulation build: compile with -DSPECDEC_SIMT"
+#endif
+#define __CUDA_ARCH__ 900
+#include <cuda_runtime.h>  // the SIMT stand-in, before csrc/core sees __CUDA_ARCH__
+
+#include "kernels_simt.h"
+
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "../cuda/kv_launch.cuh"
+#include "../cuda/sampling_launch.cuh"
+
+namespace specdec::simt_ops {
+namespace {
+
+// Every workspace buffer its own allocation, freed when the call returns (the
+// emulated kernels have run by then).
+struct SeparateBuffers {
+  std::vector<std::unique_ptr<char, void (*)(void*)>> buffers;
+  cuda::WorkspaceAllocator allocator() {
+    return [this](const cuda::WorkspaceLayout& layout, int buffer) -> char* {
+      char* p = static_cast<char*>(std::malloc(static_cast<size_t>(layout.bytes[buffer])));
+      if (!p) throw std::bad_alloc();
+      buffers.emplace_back(p, &std::free);
+      return p;
+    };
+  }
+};
+
+}  // namespace
+
+void verify(const VerifyParams& P, DType logits_dtype, DType probs_dtype) {
+  SeparateBuffers ws;
+  cuda::launch_verify(P, logits_dtype, probs_dtype, 0, nullptr, ws.allocator());
+}
+
+void sample(const SampleParams& P, DType logits_dtype) {
+  SeparateBuffers ws;
+  cuda::launch_sample(P, logits_dtype, 0, nullptr, ws.allocator());
+}
+
+void kv_append(const KVAppendParams& P) { cuda::launch_kv_append(P, nullptr); }
+void kv_rollback(const KVRollbackParams& P) { cuda::launch_kv_rollback(P, nullptr); }
+void paged_append(const PagedAppendParams& P) { cuda::launch_paged_append(P, nullptr); }
+void paged_gather(const PagedGatherParams& P) { cuda::launch_paged_gather(P, nullptr); }
+
+}  // namespace specdec::simt_ops

@@ -1,0 +1,22 @@
+// The CUDA ops' launch sequences (csrc/cuda/*_launch.cuh) run in the SIMT emulator:
+// the interface between the torch-free kernels translation unit (kernels_simt.cpp)
+// and the torch glue (ops_simt.cpp). Parameter blocks as prepared for the CUDA
+// launchers, pointing into CPU memory; every call returns when the kernels have run.
+#pragma once
+#include "../core/kv_cache.h"
+#include "../core/sampling_params.h"
+
+namespace specdec::simt_ops {
+
+// sampling_launch.cuh: launch_verify / launch_sample (P.B > 0). The workspace buffers
+// are separate heap allocations (an overrun from one into the next is an overrun).
+void verify(const VerifyParams& P, DType logits_dtype, DType probs_dtype);
+void sample(const SampleParams& P, DType logits_dtype);
+
+// kv_launch.cuh
+void kv_append(const KVAppendParams& P);
+void kv_rollback(const KVRollbackParams& P);
+void paged_append(const PagedAppendParams& P);
+void paged_gather(const PagedGatherParams& P);
+
+}  // namespace specdec::simt_ops

@@ -1,0 +1,84 @@
+// torch.ops.specdec_simt.*: every op that has a CUDA kernel, under the same name and
+// schema (csrc/op_schemas.h), running the CUDA kernel source in the SIMT emulator on
+// CPU tensors. The argument handling is the CUDA launchers' (sampling_args.cpp,
+// kv_args.h), with the CPU tensors standing for device tensors: [B] per-row values
+// are not checked on the host (a bad value makes its row invalid, as on a GPU).
+// Test and debugging use only: python -m specdec_ext.testing.simt builds it.
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include "../kv_args.h"
+#include "../op_schemas.h"
+#include "../sampling_args.h"
+#include "kernels_simt.h"
+
+namespace specdec::simt_ops {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_simt(
+    const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
+    const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& top_k,
+    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled) {
+  VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
+                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled,
+                                  HostChecks::kScalarsOnly);
+  if (L.params.B > 0) verify(L.params, L.logits_dtype, L.probs_dtype);
+  return {L.tokens, L.num_accepted, L.valid};
+}
+
+at::Tensor sample_simt(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& seed,
+                       const at::Tensor& offset, const OptTensor& probs_out, const OptTensor& top_k,
+                       const OptTensor& top_p, const OptTensor& min_p) {
+  SampleLaunch L = prepare_sample(logits, temperature, seed, offset, probs_out, SamplingFilters{top_k, top_p, min_p},
+                                  HostChecks::kScalarsOnly);
+  if (L.params.B > 0) sample(L.params, L.logits_dtype);
+  return L.tokens;
+}
+
+void kv_append_simt(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& new_k, const at::Tensor& new_v,
+                    const at::Tensor& lengths, const OptTensor& overflow) {
+  kv_append(kv::prepare_kv_append(key_cache, value_cache, new_k, new_v, lengths, overflow).p);
+}
+
+void kv_rollback_simt(at::Tensor& lengths, int64_t num_appended, const at::Tensor& num_kept,
+                      const OptTensor& invalid) {
+  kv_rollback(kv::prepare_kv_rollback(lengths, num_appended, num_kept, invalid));
+}
+
+void paged_kv_append_simt(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& new_k,
+                          const at::Tensor& new_v, const at::Tensor& slot_mapping, const OptTensor& invalid) {
+  paged_append(kv::prepare_paged_append(key_cache, value_cache, new_k, new_v, slot_mapping, invalid).p);
+}
+
+void paged_kv_gather_into_simt(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                               const at::Tensor& block_tables, const at::Tensor& lengths, at::Tensor& keys_out,
+                               at::Tensor& values_out) {
+  paged_gather(kv::prepare_paged_gather_into(key_cache, value_cache, block_tables, lengths, keys_out, values_out));
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_kv_gather_simt(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                                        const at::Tensor& block_tables, const at::Tensor& lengths,
+                                                        int64_t max_len) {
+  return kv::gather_by_allocating(key_cache, value_cache, block_tables, lengths, max_len,
+                                  &paged_kv_gather_into_simt);
+}
+
+}  // namespace
+}  // namespace specdec::simt_ops
+
+TORCH_LIBRARY(specdec_simt, m) {
+  for (const char* schema : specdec::schemas::kCudaOps) m.def(schema);
+}
+
+TORCH_LIBRARY_IMPL(specdec_simt, CPU, m) {
+  using namespace specdec::simt_ops;
+  m.impl("verify", &verify_simt);
+  m.impl("sample", &sample_simt);
+  m.impl("kv_append_", &kv_append_simt);
+  m.impl("kv_rollback_", &kv_rollback_simt);
+  m.impl("paged_kv_append_", &paged_kv_append_simt);
+  m.impl("paged_kv_gather", &paged_kv_gather_simt);
+  m.impl("paged_kv_gather_into_", &paged_kv_gather_into_simt);
+}

@@ -1,0 +1,152 @@
+"""Where the CUDA kernels run in the test suite.
+
+* :class:`CudaBackend`: the public ops on CUDA tensors (a GPU and a CUDA build);
+* :class:`SimtBackend`: the same kernel source in the SIMT emulation
+  (:mod:`specdec_ext.testing.simt`) on CPU tensors, on every machine. Every call runs
+  under several thread schedules (``SPECDEC_SIMT_SCHEDULES``, default three random
+  ones) and fails unless every output, and every tensor the op writes, is bit-identical
+  across them;
+* :class:`CpuBackend`: the CPU kernels (for the test families shared with them).
+
+Tests take them through the ``gpu`` (simt, cuda) and ``backend`` (cpu, simt, cuda)
+fixtures of conftest.py. ``.size(gpu_value, emulated_value)`` picks a problem size: the
+emulator runs every CUDA thread as a fiber, thousands of times slower than a GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+
+import torch
+
+import specdec_ext
+
+#: the schedules every emulated call runs under (in order, reversed, or a random seed)
+SIMT_SCHEDULES = tuple(os.environ.get("SPECDEC_SIMT_SCHEDULES", "1,2,3").split(","))
+
+# the arguments each op writes (restored before each schedule, compared after)
+_MUTATED = {"verify": (), "sample": ("probs_out",), "kv_append_": ("key_cache", "value_cache", "overflow"),
+            "kv_rollback_": ("lengths", "invalid"), "paged_kv_append_": ("key_cache", "value_cache", "invalid"),
+            "paged_kv_gather": ("keys_out", "values_out")}
+
+
+def _flatten(out):
+    if out is None:
+        return []
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for x in out for t in _flatten(x)]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes (NaN-safe bitwise comparison)."""
+    return t.detach().contiguous().view(torch.uint8) if t.numel() else t
+
+
+class _Backend:
+    name = ""
+    device = "cpu"
+    emulated = False
+
+    def to(self, *ts):
+        """The tensors on this backend's device (None stays None); one tensor -> one tensor."""
+        out = [None if t is None else t.to(self.device) for t in ts]
+        return out[0] if len(out) == 1 else out
+
+    def size(self, gpu_value, emulated_value):
+        return emulated_value if self.emulated else gpu_value
+
+    def sync(self):
+        pass
+
+    @contextlib.contextmanager
+    def options(self, *, launch=None, loads=None):
+        """The launch path ("cooperative" | "stages") and load path ("scalar") of the CUDA launchers."""
+        saved = {k: os.environ.get(k) for k in ("SPECDEC_CUDA_LAUNCH", "SPECDEC_CUDA_LOADS")}
+        try:
+            if launch is not None:
+                os.environ["SPECDEC_CUDA_LAUNCH"] = launch
+            if loads is not None:
+                os.environ["SPECDEC_CUDA_LOADS"] = loads
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+class CpuBackend(_Backend):
+    name = "cpu"
+    device = "cpu"
+    verify = staticmethod(specdec_ext.verify)
+    sample = staticmethod(specdec_ext.sample)
+    kv_append_ = staticmethod(specdec_ext.kv_append_)
+    kv_rollback_ = staticmethod(specdec_ext.kv_rollback_)
+    paged_kv_append_ = staticmethod(specdec_ext.paged_kv_append_)
+    paged_kv_gather = staticmethod(specdec_ext.paged_kv_gather)
+
+
+class CudaBackend(CpuBackend):
+    name = "cuda"
+    device = "cuda"
+
+    def sync(self):
+        torch.cuda.synchronize()
+
+
+class SimtBackend(_Backend):
+    name = "simt"
+    device = "cpu"
+    emulated = True
+
+    def __init__(self, schedules=SIMT_SCHEDULES):
+        from specdec_ext.testing import simt
+
+        self.simt = simt
+        self.schedules = tuple(schedules)
+        for op in _MUTATED:
+            setattr(self, op, self._checked(op))
+
+    def _checked(self, op):
+        fn = getattr(self.simt, op)
+        sig = inspect.signature(fn)
+
+        def call(*args, **kwargs):
+            bound = sig.bind(*args, **kwargs)
+            written = [bound.arguments[n] for n in _MUTATED[op] if bound.arguments.get(n) is not None]
+            start = [w.clone() for w in written]
+            first, out = None, None
+            for schedule in self.schedules:
+                try:
+                    for w, s in zip(written, start):
+                        w.copy_(s)
+                except RuntimeError:  # an argument that cannot be restored (e.g. expanded): one run
+                    if first is not None:
+                        break
+                with self.simt.options(schedule=schedule):
+                    out = fn(*args, **kwargs)
+                snap = [_bits(t).clone() for t in _flatten(out) + written]
+                if first is None:
+                    first = (schedule, snap)
+                    continue
+                assert len(snap) == len(first[1]) and all(torch.equal(a, b) for a, b in zip(first[1], snap)), (
+                    f"simt {op}: schedule {schedule} gives a different result than schedule {first[0]}")
+            return out
+
+        call.__name__ = op
+        call.__doc__ = fn.__doc__
+        return call
+
+    @contextlib.contextmanager
+    def options(self, *, launch=None, loads=None, **emulated):
+        """As the CUDA backend's, plus the emulated device (simt.options: sms, blocks_per_sm,
+        cooperative, capturing)."""
+        with super().options(launch=launch, loads=loads), self.simt.options(**emulated):
+            yield
+
+
+def make(name: str) -> _Backend:
+    return {"cpu": CpuBackend, "cuda": CudaBackend, "simt": SimtBackend}[name]()
