@@ -60,6 +60,11 @@ class _Backend:
     def sync(self):
         pass
 
+    def one_schedule(self):
+        """This backend, running each emulated call once (under the first schedule): for the
+        chi-square law tests, whose draws are the result."""
+        return self
+
     @contextlib.contextmanager
     def options(self, *, launch=None, loads=None):
         """The launch path ("cooperative" | "stages") and load path ("scalar") of the CUDA launchers."""
@@ -139,6 +144,9 @@ class SimtBackend(_Backend):
         call.__name__ = op
         call.__doc__ = fn.__doc__
         return call
+
+    def one_schedule(self):
+        return SimtBackend(self.schedules[:1])
 
     @contextlib.contextmanager
     def options(self, *, launch=None, loads=None, **emulated):

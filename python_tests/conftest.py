@@ -15,6 +15,7 @@ from helpers import CUDA, DEVICES
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a GPU and a build with the CUDA kernels")
     config.addinivalue_line("markers", "simt: runs the CUDA kernels in the SIMT emulation (specdec_ext.testing.simt)")
+    config.addinivalue_line("markers", "law: a chi-square goodness-of-fit test (many draws)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -19,6 +19,7 @@
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 extern "C" void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom, std::size_t size);
 extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old,
                                                 std::size_t* size_old);
@@ -58,7 +59,13 @@ class StackPool {
     sc.sp = top;
     return sc;
   }
-  void give(ctx::stack_context& sc) { free_.push_back(static_cast<char*>(sc.sp)); }
+  void give(ctx::stack_context& sc) {
+#if defined(__SANITIZE_ADDRESS__)
+    // a fiber unwound after an error leaves ASan's marks of its frames behind
+    __asan_unpoison_memory_region(static_cast<char*>(sc.sp) - sc.size, sc.size);
+#endif
+    free_.push_back(static_cast<char*>(sc.sp));
+  }
 
  private:
   void grow() {
@@ -136,20 +143,26 @@ struct Thread {
   void* fake_stack = nullptr;
   const char* file = nullptr;  // where it waits
   int line = 0;
-  // the warp exchange it waits at
+  // the warp exchange it waits at (its value, argument and result live in Warp)
   WarpOp op = WarpOp::kShflXor;
   unsigned mask = 0;
-  uint64_t bits = 0, result = 0;
-  int arg = 0, width = 32;
+  int width = 32;
+};
+
+// The lanes of one warp, as bit masks, and the values of the exchange being formed.
+struct Warp {
+  unsigned exist = 0;    // lanes that exist (blockDim.x need not be a multiple of 32)
+  unsigned arrived = 0;  // lanes waiting at a warp exchange
+  unsigned stuck = 0;    // lanes that cannot join one: exited, at a barrier or grid sync
+  uint64_t bits[32] = {}, result[32] = {};
+  int arg[32] = {};
 };
 
 struct Block {
   uint3 idx{};
   std::vector<Thread> threads;
-  std::vector<unsigned> warp_arrived;  // lanes waiting at a warp exchange, per warp
-  std::vector<unsigned> warp_stuck;    // lanes that cannot join an exchange (exited, at a barrier / grid sync)
+  std::vector<Warp> warps;
   int live = 0, at_barrier = 0;
-  unsigned ballot = 0;  // of the exchange being completed
   const char* bar_file = nullptr;
   int bar_line = 0;
   std::unordered_map<const void*, void*> shared;
@@ -184,10 +197,10 @@ Thread* g_thread = nullptr;
 Run* g_run = nullptr;
 std::recursive_mutex g_launch_mutex;  // recursive: a launch from inside a kernel gets an error, not a hang
 
-// State changes that the warp-exchange check reads through Block::warp_stuck.
+// State changes that the warp-exchange check reads through Warp::stuck.
 void set_state(Thread& t, State s) {
   const bool stuck = s == State::kDone || s == State::kBarrier || s == State::kGrid;
-  unsigned& m = t.block->warp_stuck[t.warp];
+  unsigned& m = t.block->warps[t.warp].stuck;
   m = stuck ? (m | 1u << t.lane) : (m & ~(1u << t.lane));
   t.state = s;
 }
@@ -298,11 +311,9 @@ void make_ready(Thread& t) {
 
 // A lane of `t`'s warp in `lanes` that cannot take part in a warp exchange: exited or
 // waiting at a barrier / grid sync (the exchange would wait for it forever).
-void check_lanes_available(const Thread& t, unsigned lanes, const char* what, const char* file, int line) {
+[[gnu::noinline, gnu::cold]] void report_unavailable_lane(const Thread& t, unsigned lanes, const char* what,
+                                                           const char* file, int line) {
   Block& b = *t.block;
-  const int in_warp = std::min(32, static_cast<int>(b.threads.size()) - t.warp * 32);
-  const unsigned exist = in_warp >= 32 ? 0xffffffffu : ((1u << in_warp) - 1u);
-  if (!(lanes & (b.warp_stuck[t.warp] | ~exist))) return;  // the common case: every lane can join
   for (int l = 0; l < 32; ++l) {
     if (!(lanes >> l & 1u)) continue;
     const int i = t.warp * 32 + l;
@@ -322,37 +333,60 @@ void check_lanes_available(const Thread& t, unsigned lanes, const char* what, co
   }
 }
 
-uint64_t exchange_result(const Block& b, int warp, const Thread& t) {
-  const int lane = t.lane, w = t.width;
-  auto lane_bits = [&](int l) { return b.threads[warp * 32 + l].bits; };
-  const unsigned mask = t.mask;
-  switch (t.op) {
-    case WarpOp::kBallot:
-    case WarpOp::kAny:
-    case WarpOp::kAll: {
-      const unsigned ballot = b.ballot;
-      if (t.op == WarpOp::kBallot) return ballot;
-      if (t.op == WarpOp::kAny) return ballot != 0;
-      return ballot == mask;
-    }
-    default: break;
-  }
+// The source lane of a shuffle by `lane` (op, argument, width); the lane itself when the
+// source falls outside its width segment.
+int shuffle_source(WarpOp op, int lane, int arg, int w) {
   const int seg = lane / w * w;
   int src = lane;
-  switch (t.op) {
-    case WarpOp::kShflXor: src = lane ^ t.arg; if (src >= seg + w) src = lane; break;
-    case WarpOp::kShfl: src = seg + ((t.arg % w) + w) % w; break;
-    case WarpOp::kShflDown: src = (lane - seg) + t.arg >= w ? lane : lane + t.arg; break;
-    case WarpOp::kShflUp: src = (lane - seg) < t.arg ? lane : lane - t.arg; break;
+  switch (op) {
+    case WarpOp::kShflXor: src = lane ^ arg; if (src >= seg + w) src = lane; break;
+    case WarpOp::kShfl: src = seg + ((arg % w) + w) % w; break;
+    case WarpOp::kShflDown: src = (lane - seg) + arg >= w ? lane : lane + arg; break;
+    case WarpOp::kShflUp: src = (lane - seg) < arg ? lane : lane - arg; break;
     default: break;
   }
-  if (src < 0 || src >= 32) src = lane;
-  if (!(mask >> src & 1u)) {
-    fail(std::string(op_name(t.op)) + " at " + site(t.file, t.line) + ": lane " + std::to_string(lane) +
-         " reads lane " + std::to_string(src) + ", which is not in the mask");
-    return 0;
+  return (src < 0 || src >= 32) ? lane : src;
+}
+
+// The exchange of the lanes `mask` of warp `wi` (all arrived, same op / mask / width /
+// call site as `t`): every lane's result, and they are ready to run again.
+void complete_exchange(Block& b, int wi, const Thread& t) {
+  Warp& w = b.warps[wi];
+  const unsigned mask = t.mask;
+  if (t.op == WarpOp::kBallot || t.op == WarpOp::kAny || t.op == WarpOp::kAll) {
+    unsigned ballot = 0;
+    for (int l = 0; l < 32; ++l)
+      if ((mask >> l & 1u) && w.bits[l]) ballot |= 1u << l;
+    const uint64_t r = t.op == WarpOp::kBallot ? ballot : t.op == WarpOp::kAny ? (ballot != 0) : (ballot == mask);
+    for (int l = 0; l < 32; ++l) w.result[l] = r;
+  } else {
+    for (int l = 0; l < 32; ++l) {
+      if (!(mask >> l & 1u)) continue;
+      const int src = shuffle_source(t.op, l, w.arg[l], t.width);
+      if (!(mask >> src & 1u))
+        fail(std::string(op_name(t.op)) + " at " + site(t.file, t.line) + ": lane " + std::to_string(l) +
+             " reads lane " + std::to_string(src) + ", which is not in the mask");
+      w.result[l] = w.bits[src];
+    }
   }
-  return lane_bits(src);
+  w.arrived &= ~mask;
+  for (int l = 0; l < 32; ++l)
+    if (mask >> l & 1u) make_ready(b.threads[wi * 32 + l]);
+}
+
+// A lane of t's warp waiting at an exchange that needs t, while t is about to wait
+// elsewhere or exit (`doing`): that exchange would wait forever.
+void check_not_awaited(const Thread& t, const std::string& doing) {
+  const Warp& w = t.block->warps[t.warp];
+  for (unsigned a = w.arrived; a; a &= a - 1) {
+    const int l = __builtin_ctz(a);
+    const Thread& o = t.block->threads[t.warp * 32 + l];
+    if (o.mask >> t.lane & 1u) {
+      fail(who(t) + " " + doing + " while lane " + std::to_string(l) + " of its warp waits for it at " +
+           op_name(o.op) + " (" + site(o.file, o.line) + ")");
+      return;
+    }
+  }
 }
 
 // Called by the fiber of `t` when its kernel body has returned.
@@ -367,13 +401,7 @@ void on_exit(Thread& t) {
   if (g_run->grid_arrived > 0)
     fail(who(t) + " exited while other threads wait at grid.sync() (" + site(g_run->grid_file, g_run->grid_line) +
          ")");
-  for (int l = 0; l < 32 && b.warp_arrived[t.warp]; ++l) {
-    if (!(b.warp_arrived[t.warp] >> l & 1u)) continue;
-    const Thread& o = b.threads[t.warp * 32 + l];
-    if (o.mask >> t.lane & 1u)
-      fail(who(t) + " exited while lane " + std::to_string(l) + " of its warp waits for it at " + op_name(o.op) +
-           " (" + site(o.file, o.line) + ")");
-  }
+  if (b.warps[t.warp].arrived) check_not_awaited(t, "exited");
 }
 
 void order(Run& run, std::vector<Thread*>& v) {
@@ -409,7 +437,15 @@ void execute(Run& run) {
       t.fiber = ctx::fiber(std::allocator_arg, PoolAllocator{&t.stack}, [tp, rp](ctx::fiber&& back) {
         asan_finish(*rp, tp, nullptr);
         arrived(*rp, tp, std::move(back));
-        (*rp->kernel)();
+        try {
+          (*rp->kernel)();
+        } catch (const ctx::detail::forced_unwind&) {
+          throw;  // the fiber is being unwound after an error: let Boost.Context finish it
+        } catch (const std::exception& e) {
+          fail(who(*tp) + ": a C++ exception escaped the kernel: " + e.what());
+        } catch (...) {
+          fail(who(*tp) + ": a C++ exception escaped the kernel");
+        }
         on_exit(*tp);
         // hand over for good: the next ready thread, else run_grid
         Thread* next = rp->error.empty() ? next_ready(*rp) : nullptr;
@@ -438,15 +474,8 @@ const ThreadIndex& current_index() { return self().index; }
   } else if (b.at_barrier > 0 && !same_site(file, line, b.bar_file, b.bar_line)) {
     fail("threads of block " + std::to_string(t.index.block_idx.x) + " reach different barriers: " + who(t) +
          " at __syncthreads (" + site(file, line) + "), others wait at " + site(b.bar_file, b.bar_line));
-  } else {
-    // a lane of this warp waiting at an exchange that needs this thread would wait forever
-    for (int l = 0; l < 32 && b.warp_arrived[t.warp]; ++l) {
-      if (!(b.warp_arrived[t.warp] >> l & 1u)) continue;
-      const Thread& o = b.threads[t.warp * 32 + l];
-      if (o.mask >> t.lane & 1u)
-        fail(who(t) + " reached __syncthreads (" + site(file, line) + ") while lane " + std::to_string(l) +
-             " of its warp waits for it at " + op_name(o.op) + " (" + site(o.file, o.line) + ")");
-    }
+  } else if (b.warps[t.warp].arrived) {
+    check_not_awaited(t, "reached __syncthreads (" + site(file, line) + ")");
   }
   if (b.at_barrier == 0) {
     b.bar_file = file;
@@ -476,6 +505,7 @@ void syncthreads(const char* file, int line) {
     fail("threads reach different grid.sync() calls: " + who(t) + " at " + site(file, line) + ", others at " +
          site(run.grid_file, run.grid_line));
   }
+  if (t.block->warps[t.warp].arrived) check_not_awaited(t, "reached grid.sync() (" + site(file, line) + ")");
   if (run.grid_arrived == 0) {
     run.grid_file = file;
     run.grid_line = line;
@@ -503,57 +533,58 @@ void grid_sync(const char* file, int line) {
 // The arrival of `t` at a warp exchange: checks, and the results when it completes it.
 // (The sync points split into an out-of-line arrival and the switch, so that the stack
 // frame live across the switch is small: a switch touches it.)
+[[gnu::noinline, gnu::cold]] void report_mismatch(const Thread& t, const Thread& o, int l) {
+  fail("lanes of one warp meet at different warp intrinsics: " + who(t) + " at " + op_name(t.op) + " (" +
+       site(t.file, t.line) + ", mask " + std::to_string(t.mask) + "), lane " + std::to_string(l) + " at " +
+       op_name(o.op) + " (" + site(o.file, o.line) + ", mask " + std::to_string(o.mask) + ")");
+}
+
+bool same_exchange(const Thread& a, const Thread& b) {
+  return a.op == b.op && a.mask == b.mask && a.width == b.width && same_site(a.file, a.line, b.file, b.line);
+}
+
 [[gnu::noinline]] void arrive_at_exchange(Thread& t, WarpOp op, unsigned mask, uint64_t bits, int arg, int width,
                                           const char* file, int line) {
   Block& b = *t.block;
-  if (!(mask >> t.lane & 1u)) {
+  Warp& w = b.warps[t.warp];
+  const unsigned me = 1u << t.lane;
+  if (!(mask & me))
     fail(std::string(op_name(op)) + " at " + site(file, line) + " by " + who(t) + ": the mask " +
          std::to_string(mask) + " does not include the calling lane");
-  }
   if (width <= 0 || width > 32 || (width & (width - 1)) != 0)
     fail(std::string(op_name(op)) + " at " + site(file, line) + ": width " + std::to_string(width) +
          " is not a power of 2 in [1, 32]");
-  unsigned& arrived = b.warp_arrived[t.warp];
-  for (int l = 0; l < 32 && arrived; ++l) {  // lanes already waiting: same exchange?
-    if (!(arrived >> l & 1u)) continue;
-    const Thread& o = b.threads[t.warp * 32 + l];
-    if ((o.mask >> t.lane & 1u) || (mask >> l & 1u)) {
-      if (o.op != op || o.mask != mask || !same_site(o.file, o.line, file, line) || o.width != width)
-        fail("lanes of one warp meet at different warp intrinsics: " + who(t) + " at " + op_name(op) + " (" +
-             site(file, line) + ", mask " + std::to_string(mask) + "), lane " + std::to_string(l) + " at " +
-             op_name(o.op) + " (" + site(o.file, o.line) + ", mask " + std::to_string(o.mask) + ")");
-    }
-    break;
-  }
-  check_lanes_available(t, mask & ~(1u << t.lane), op_name(op), file, line);
   set_state(t, State::kWarp);
   t.op = op;
   t.mask = mask;
-  t.bits = bits;
-  t.arg = arg;
   t.width = width;
   t.file = file;
   t.line = line;
-  arrived |= 1u << t.lane;
-  if ((arrived & mask) == mask && g_run->error.empty()) {
-    if (op == WarpOp::kBallot || op == WarpOp::kAny || op == WarpOp::kAll) {
-      b.ballot = 0;
-      for (int l = 0; l < 32; ++l)
-        if ((mask >> l & 1u) && b.threads[t.warp * 32 + l].bits) b.ballot |= 1u << l;
-    }
-    for (int l = 0; l < 32; ++l)
-      if (mask >> l & 1u) b.threads[t.warp * 32 + l].result = exchange_result(b, t.warp, b.threads[t.warp * 32 + l]);
-    arrived &= ~mask;
-    for (int l = 0; l < 32; ++l)
-      if (mask >> l & 1u) make_ready(b.threads[t.warp * 32 + l]);
+  // Lanes already waiting that this exchange involves: one in our mask must be at the same
+  // exchange (all of them are, once the first is checked: each was checked on arrival), and
+  // one outside our mask must not be waiting for us.
+  if (const unsigned in = w.arrived & mask) {
+    const int l = __builtin_ctz(in);
+    const Thread& o = b.threads[t.warp * 32 + l];
+    if (!same_exchange(t, o)) report_mismatch(t, o, l);
   }
+  for (unsigned out = w.arrived & ~mask; out; out &= out - 1) {
+    const int l = __builtin_ctz(out);
+    const Thread& o = b.threads[t.warp * 32 + l];
+    if (o.mask & me) report_mismatch(t, o, l);
+  }
+  if (mask & ~me & (w.stuck | ~w.exist)) report_unavailable_lane(t, mask & ~me, op_name(op), file, line);
+  w.bits[t.lane] = bits;
+  w.arg[t.lane] = arg;
+  w.arrived |= me;
+  if ((w.arrived & mask) == mask && g_run->error.empty()) complete_exchange(b, t.warp, t);
 }
 
 uint64_t warp_exchange(WarpOp op, unsigned mask, uint64_t bits, int arg, int width, const char* file, int line) {
   Thread& t = self();
   arrive_at_exchange(t, op, mask, bits, arg, width, file, line);
   yield(t);
-  return t.result;
+  return t.block->warps[t.warp].result[t.lane];
 }
 
 void* block_shared(const void* key, std::size_t bytes, std::size_t align) {
@@ -609,6 +640,9 @@ void run_grid(dim3 grid, dim3 block, bool cooperative, const Config& cfg, const 
   if (cfg.policy == SchedulePolicy::kReversed) std::reverse(block_order.begin(), block_order.end());
   if (cfg.policy == SchedulePolicy::kRandom)
     for (int i = nb; i > 1; --i) std::swap(block_order[i - 1], block_order[rng() % i]);
+  // cooperative: every block resident, in index order (the schedule orders their threads
+  // together); else one block at a time, in the schedule's block order
+  if (cooperative) std::sort(block_order.begin(), block_order.end());
   const int resident = cooperative ? nb : 1;
   for (int first = 0; first < nb; first += resident) {
     Run run;
@@ -621,8 +655,11 @@ void run_grid(dim3 grid, dim3 block, bool cooperative, const Config& cfg, const 
       auto b = std::make_unique<Block>();
       b->idx = uint3{static_cast<unsigned>(block_order[k]), 0u, 0u};
       b->threads.resize(nt);
-      b->warp_arrived.assign((nt + 31) / 32, 0u);
-      b->warp_stuck.assign((nt + 31) / 32, 0u);
+      b->warps.assign((nt + 31) / 32, Warp{});
+      for (int w = 0; w < (nt + 31) / 32; ++w) {
+        const int in_warp = std::min(32, nt - w * 32);
+        b->warps[w].exist = in_warp == 32 ? 0xffffffffu : ((1u << in_warp) - 1u);
+      }
       for (int i = 0; i < nt; ++i) {
         Thread& t = b->threads[i];
         t.index = ThreadIndex{uint3{static_cast<unsigned>(i), 0u, 0u}, b->idx, dim3(nt), dim3(nb)};

@@ -180,3 +180,5 @@ inline int atomicOr(int* p, int v) { const int o = *p; *p = o | v; return o; }
 inline unsigned atomicOr(unsigned* p, unsigned v) { const unsigned o = *p; *p = o | v; return o; }
 inline int atomicMin(int* p, int v) { const int o = *p; *p = v < o ? v : o; return o; }
 inline int atomicMax(int* p, int v) { const int o = *p; *p = v > o ? v : o; return o; }
+inline unsigned atomicMin(unsigned* p, unsigned v) { const unsigned o = *p; *p = v < o ? v : o; return o; }
+inline unsigned atomicMax(unsigned* p, unsigned v) { const unsigned o = *p; *p = v > o ? v : o; return o; }

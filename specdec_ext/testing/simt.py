@@ -103,7 +103,7 @@ def load(name: Optional[str] = None) -> str:
         name=f"specdec_simt_{name}",
         sources=[str(root / s) for s in _SOURCES],
         extra_cflags=["-DSPECDEC_SIMT", f"-I{root / 'csrc' / 'simt' / 'include'}",
-                      f"-I{root / 'csrc'}", "-fno-strict-aliasing", "-Wall", "-Wno-unknown-pragmas"] + BUILDS[name],
+                      f"-I{root / 'csrc'}", "-fno-strict-aliasing", "-fvisibility=hidden", "-fno-plt", "-Wall", "-Wno-unknown-pragmas"] + BUILDS[name],
         extra_ldflags=["-lboost_context"] + _LDFLAGS[name],
         build_directory=str(build_dir),
         is_python_module=False,
