@@ -534,3 +534,38 @@ def test_the_law_tests_have_power(gpu):
     logits = torch.randn(V, generator=torch.Generator().manual_seed(23)) * 1.5
     tokens = gpu.sample(gpu.to(_expand(logits, n)), T, seed=7, top_p=0.9).cpu()
     assert chi_square_pvalue(np.bincount(tokens.numpy(), minlength=V), softmax64(logits, T)) < ALPHA
+
+
+# ---- the emulated device ------------------------------------------------------------------
+
+DEVICES = [dict(sms=1, blocks_per_sm=1), dict(sms=8, blocks_per_sm=3), dict(cooperative=False),
+           dict(cooperative="refuse"), dict(capturing=True), dict(sms=3, blocks_per_sm=1, launch="cooperative")]
+
+
+@pytest.mark.simt
+def test_results_do_not_depend_on_the_device():
+    """Results do not depend on the grid, the chunking or the launch path: the emulated
+    device with 1 to 24 resident blocks, without cooperative launches, refusing them (the
+    launchers fall back to per-stage launches), inside an emulated capture."""
+    import backends
+
+    gpu = backends.make("simt")
+    B, K, V = 5, 3, 5000
+    L, D, Q = _inputs(B, K, V, torch.bfloat16, seed=41)
+    n = torch.tensor([3, 0, 2, 1, 3])
+    args = (L, D, Q, _temps(B, seed=7, greedy_every=3), n)
+    reference = _all_outputs(gpu, *args)
+    for device in DEVICES:
+        with gpu.options(**device):
+            for a, b in zip(reference, _all_outputs(gpu, *args)):
+                assert torch.equal(a, b), device
+
+
+@pytest.mark.simt
+def test_emulator_errors_reach_python():
+    """A bad emulator setting is an error from the op naming the variable, not a silent default."""
+    from specdec_ext.testing import simt
+
+    L = torch.randn(2, 300)
+    with simt.options(schedule="sideways"), pytest.raises(RuntimeError, match="SPECDEC_SIMT_SCHEDULE"):
+        simt.sample(L, 1.0, seed=1)

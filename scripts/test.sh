@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and run ALL tests: C++ core tests (CMake + GoogleTest)
-# and the Python suite. CUDA tests skip on a machine without a GPU.
+# Set up (scripts/setup.sh) and run ALL tests: C++ tests of the core and of the SIMT
+# emulator (CMake + GoogleTest), the Python suite, and the CUDA kernels' test families in
+# the SIMT emulation (scripts/simt_check.sh: coverage, ASan + UBSan, planted bugs). Tests
+# marked cuda skip on a machine without a GPU; arguments go to the main pytest run, and
+# with any argument the emulation step is skipped (a quick, partial run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,11 +11,11 @@ if [ "${CI:-}" = "true" ] && command -v nvcc >/dev/null 2>&1; then
   export SPECDEC_FORCE_CUDA=1   # CI: CUDA code that does not compile fails the run
 fi
 
-# GoogleTest and CMake from Debian's packages when missing.
-if ! { [ -f /usr/include/gtest/gtest.h ] && command -v cmake >/dev/null 2>&1; }; then
+# GoogleTest, CMake and Boost.Context (the SIMT emulator's fibers) from Debian's packages when missing.
+if ! { [ -f /usr/include/gtest/gtest.h ] && [ -f /usr/include/boost/context/fiber.hpp ] && command -v cmake >/dev/null 2>&1; }; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq libgtest-dev cmake g++ >/dev/null
+  $SUDO apt-get install -y -qq libgtest-dev cmake g++ libboost-context-dev >/dev/null
 fi
 
 bash scripts/setup.sh
@@ -21,10 +24,15 @@ if [ "${SPECDEC_FORCE_CUDA:-0}" = "1" ]; then
   .venv/bin/python -c "import specdec_ext, sys; sys.exit(0 if specdec_ext.has_cuda_kernels() else 'CUDA kernels missing')"
 fi
 
-echo "[test] C++ core tests"
+echo "[test] C++ tests (core, SIMT emulator)"
 cmake -S . -B cpp_tests/build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build cpp_tests/build -j2 >/dev/null
 ctest --test-dir cpp_tests/build --output-on-failure
 
 echo "[test] Python tests"
-.venv/bin/python -m pytest python_tests -q -rs "$@"
+if [ $# -eq 0 ]; then
+  .venv/bin/python -m pytest python_tests -q -rs -m "not simt"
+  bash scripts/simt_check.sh
+else
+  .venv/bin/python -m pytest python_tests -q -rs "$@"
+fi

@@ -349,14 +349,18 @@ __device__ __forceinline__ float warp_sum(float x) {
 // takes s from the logits with the formula itself: a rare, slower path (one warp
 // reads the row once more, scalar loads), never taken for logits within FLT_MAX.
 template <typename T>
+__device__ SPECDEC_NOINLINE float exact_row_sum(const T* row, int64_t V, float m, float inv_t, float cut) {
+  float s = 0.0f;  // out of line: the rare path must not cost the common one registers
+  for (int64_t v = threadIdx.x & 31; v < V; v += 32) s += shifted_exp(filtered_logit(to_float(row[v]), cut), m, inv_t);
+  return warp_sum(s);
+}
+
+template <typename T>
 __device__ ChunkStats merge_row_stats(const ChunkStats* blocks, int64_t nblk, float inv_t, const T* row, int64_t V,
-                                float cut) {
+                                      float cut) {
   ChunkStats st = merge_stat_blocks(blocks, nblk, inv_t);
-  if (st.sum > 0.0f && !st.bad && st.lo - st.max == -kInf) {  // warp-uniform
-    float s = 0.0f;
-    for (int64_t v = threadIdx.x & 31; v < V; v += 32) s += shifted_exp(filtered_logit(to_float(row[v]), cut), st.max, inv_t);
-    st.sum = warp_sum(s);
-  }
+  if (st.sum > 0.0f && !st.bad && st.lo - st.max == -kInf)  // warp-uniform
+    st.sum = exact_row_sum(row, V, st.max, inv_t, cut);
   return st;
 }
 

@@ -24,7 +24,8 @@ CoopLaunch launch_cooperative(void (*kernel)(KArgs...), dim3 grid, dim3 block, c
   static_assert(sizeof...(KArgs) == sizeof...(Args), "launch_cooperative: wrong number of kernel arguments");
   const simt::Config cfg = simt::config_from_env();
   // what cudaLaunchCooperativeKernel refuses: no support, or more blocks than can be resident
-  if (!cfg.cooperative || static_cast<int64_t>(grid.x) > static_cast<int64_t>(cfg.sms) * cfg.blocks_per_sm)
+  if (!cfg.cooperative || cfg.refuse_cooperative ||
+      static_cast<int64_t>(grid.x) > static_cast<int64_t>(cfg.sms) * cfg.blocks_per_sm)
     return CoopLaunch::kRefused;
   const std::tuple<std::decay_t<KArgs>...> values(std::forward<Args>(args)...);
   simt::run_grid(grid, block, true, cfg, [&] { std::apply(kernel, values); });

@@ -25,6 +25,12 @@ extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const voi
                                                 std::size_t* size_old);
 #endif
 
+// The scheduler's hot paths are not instrumented by the sanitizer and coverage builds:
+// the memcheck analog is about the kernels' memory and the coverage figure about the
+// kernels' lines, and instrumenting every fiber switch and warp exchange would multiply
+// those runs' time for nothing.
+#define SIMT_HOT __attribute__((no_sanitize("address", "undefined"), no_profile_instrument_function))
+
 namespace simt {
 namespace {
 
@@ -198,18 +204,18 @@ Run* g_run = nullptr;
 std::recursive_mutex g_launch_mutex;  // recursive: a launch from inside a kernel gets an error, not a hang
 
 // State changes that the warp-exchange check reads through Warp::stuck.
-void set_state(Thread& t, State s) {
+SIMT_HOT void set_state(Thread& t, State s) {
   const bool stuck = s == State::kDone || s == State::kBarrier || s == State::kGrid;
   unsigned& m = t.block->warps[t.warp].stuck;
   m = stuck ? (m | 1u << t.lane) : (m & ~(1u << t.lane));
   t.state = s;
 }
 
-bool same_site(const char* f1, int l1, const char* f2, int l2) {
+SIMT_HOT bool same_site(const char* f1, int l1, const char* f2, int l2) {
   return l1 == l2 && (f1 == f2 || std::strcmp(f1, f2) == 0);
 }
 
-Thread& self() {
+SIMT_HOT Thread& self() {
   if (!g_thread) {
     std::fputs("SIMT: a device built-in was used outside a kernel\n", stderr);
     std::abort();
@@ -241,7 +247,7 @@ Thread* const kDying = reinterpret_cast<Thread*>(1);
 void order(Run& run, std::vector<Thread*>& v);
 
 // The next thread to run: the rest of this round, then the next round (in schedule order).
-Thread* next_ready(Run& run) {
+SIMT_HOT Thread* next_ready(Run& run) {
   for (;;) {
     while (run.pos < run.now.size()) {
       Thread* t = run.now[run.pos++];
@@ -257,7 +263,7 @@ Thread* next_ready(Run& run) {
 
 // Called right after a switch into the context of `self` (nullptr: run_grid): keeps the
 // continuation of the context that switched here.
-void arrived(Run& run, Thread* self, ctx::fiber&& back) {
+SIMT_HOT void arrived(Run& run, Thread* self, ctx::fiber&& back) {
   g_thread = self;
   if (run.from == kDying) return;  // a finished fiber: nothing to keep
   (run.from ? run.from->fiber : run.main) = std::move(back);
@@ -287,7 +293,7 @@ void asan_finish(Run& run, Thread* self, void* fake) {
 }
 
 // From the running context `self` (nullptr: run_grid) to `to` (nullptr: run_grid).
-void switch_to(Run& run, Thread* self, Thread* to) {
+SIMT_HOT void switch_to(Run& run, Thread* self, Thread* to) {
   ctx::fiber& target = to ? to->fiber : run.main;
   void** fake = self ? &self->fake_stack : &run.main_fake;
   run.from = self;
@@ -298,13 +304,13 @@ void switch_to(Run& run, Thread* self, Thread* to) {
 }
 
 // A sync point of thread `t`: run the next ready thread (maybe `t` itself).
-void yield(Thread& t) {
+SIMT_HOT void yield(Thread& t) {
   Run& run = *g_run;
   Thread* next = run.error.empty() ? next_ready(run) : nullptr;
   if (next != &t) switch_to(run, &t, next);
 }
 
-void make_ready(Thread& t) {
+SIMT_HOT void make_ready(Thread& t) {
   set_state(t, State::kReady);
   g_run->ready.push_back(&t);
 }
@@ -335,7 +341,7 @@ void make_ready(Thread& t) {
 
 // The source lane of a shuffle by `lane` (op, argument, width); the lane itself when the
 // source falls outside its width segment.
-int shuffle_source(WarpOp op, int lane, int arg, int w) {
+SIMT_HOT int shuffle_source(WarpOp op, int lane, int arg, int w) {
   const int seg = lane / w * w;
   int src = lane;
   switch (op) {
@@ -350,7 +356,7 @@ int shuffle_source(WarpOp op, int lane, int arg, int w) {
 
 // The exchange of the lanes `mask` of warp `wi` (all arrived, same op / mask / width /
 // call site as `t`): every lane's result, and they are ready to run again.
-void complete_exchange(Block& b, int wi, const Thread& t) {
+SIMT_HOT void complete_exchange(Block& b, int wi, const Thread& t) {
   Warp& w = b.warps[wi];
   const unsigned mask = t.mask;
   if (t.op == WarpOp::kBallot || t.op == WarpOp::kAny || t.op == WarpOp::kAll) {
@@ -465,9 +471,9 @@ void execute(Run& run) {
 
 }  // namespace
 
-const ThreadIndex& current_index() { return self().index; }
+SIMT_HOT const ThreadIndex& current_index() { return self().index; }
 
-[[gnu::noinline]] void arrive_at_barrier(Thread& t, const char* file, int line) {
+[[gnu::noinline]] SIMT_HOT void arrive_at_barrier(Thread& t, const char* file, int line) {
   Block& b = *t.block;
   if (b.live < static_cast<int>(b.threads.size())) {
     fail(who(t) + " reached __syncthreads (" + site(file, line) + ") after other threads of its block exited");
@@ -491,7 +497,7 @@ const ThreadIndex& current_index() { return self().index; }
   }
 }
 
-void syncthreads(const char* file, int line) {
+SIMT_HOT void syncthreads(const char* file, int line) {
   Thread& t = self();
   arrive_at_barrier(t, file, line);
   yield(t);
@@ -539,11 +545,11 @@ void grid_sync(const char* file, int line) {
        op_name(o.op) + " (" + site(o.file, o.line) + ", mask " + std::to_string(o.mask) + ")");
 }
 
-bool same_exchange(const Thread& a, const Thread& b) {
+SIMT_HOT bool same_exchange(const Thread& a, const Thread& b) {
   return a.op == b.op && a.mask == b.mask && a.width == b.width && same_site(a.file, a.line, b.file, b.line);
 }
 
-[[gnu::noinline]] void arrive_at_exchange(Thread& t, WarpOp op, unsigned mask, uint64_t bits, int arg, int width,
+[[gnu::noinline]] SIMT_HOT void arrive_at_exchange(Thread& t, WarpOp op, unsigned mask, uint64_t bits, int arg, int width,
                                           const char* file, int line) {
   Block& b = *t.block;
   Warp& w = b.warps[t.warp];
@@ -580,7 +586,7 @@ bool same_exchange(const Thread& a, const Thread& b) {
   if ((w.arrived & mask) == mask && g_run->error.empty()) complete_exchange(b, t.warp, t);
 }
 
-uint64_t warp_exchange(WarpOp op, unsigned mask, uint64_t bits, int arg, int width, const char* file, int line) {
+SIMT_HOT uint64_t warp_exchange(WarpOp op, unsigned mask, uint64_t bits, int arg, int width, const char* file, int line) {
   Thread& t = self();
   arrive_at_exchange(t, op, mask, bits, arg, width, file, line);
   yield(t);
@@ -607,7 +613,9 @@ Config config_from_env() {
   };
   c.sms = static_cast<int>(std::max(1L, num("SPECDEC_SIMT_SMS", c.sms)));
   c.blocks_per_sm = static_cast<int>(std::max(1L, num("SPECDEC_SIMT_BLOCKS_PER_SM", c.blocks_per_sm)));
-  c.cooperative = num("SPECDEC_SIMT_COOPERATIVE", 1) != 0;
+  const char* coop = std::getenv("SPECDEC_SIMT_COOPERATIVE");
+  c.refuse_cooperative = coop && std::strcmp(coop, "refuse") == 0;
+  c.cooperative = c.refuse_cooperative || num("SPECDEC_SIMT_COOPERATIVE", 1) != 0;
   const char* s = std::getenv("SPECDEC_SIMT_SCHEDULE");
   const std::string sched = s ? s : "";
   if (sched.empty() || sched == "inorder") {

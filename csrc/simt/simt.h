@@ -77,11 +77,13 @@ struct Config {
   int sms = 2;             // emulated SMs
   int blocks_per_sm = 2;   // resident blocks per SM (cooperative grid limit = sms * blocks_per_sm)
   bool cooperative = true; // the emulated device supports cooperative launches
+  bool refuse_cooperative = false;  // ... but refuses them (as under MPS or a green context)
   SchedulePolicy policy = SchedulePolicy::kInOrder;
   uint64_t seed = 0;       // kRandom: the seed of the schedule (the same seed, the same run)
 };
 // The configuration of the next launch: SPECDEC_SIMT_SMS, SPECDEC_SIMT_BLOCKS_PER_SM,
-// SPECDEC_SIMT_COOPERATIVE (0/1) and SPECDEC_SIMT_SCHEDULE ("inorder", "reversed" or a
+// SPECDEC_SIMT_COOPERATIVE ("1", "0" = not supported, "refuse" = supported but every
+// cooperative launch refused) and SPECDEC_SIMT_SCHEDULE ("inorder", "reversed" or a
 // random seed as an integer), read at each call.
 Config config_from_env();
 

@@ -19,9 +19,9 @@ by ``SPECDEC_SIMT_BUILD``:
 
 - ``opt``      (default) -O2;
 - ``asan``     AddressSanitizer + UBSan (memcheck analog). The process must have the ASan
-  runtime loaded first: ``LD_PRELOAD=$(gcc -print-file-name=libasan.so)``
-  (``scripts/simt_check.sh`` does this);
-- ``coverage`` -O0 --coverage, for gcov line coverage of ``csrc/cuda`` (``scripts/simt_coverage.py``).
+  runtime loaded first: ``LD_PRELOAD="$(gcc -print-file-name=libasan.so)
+  $(gcc -print-file-name=libstdc++.so)"`` (``scripts/simt_check.sh asan`` does this);
+- ``coverage`` -O2 --coverage: optimised, and counting lines for gcov (``scripts/simt_coverage.py``).
 
 It needs the source tree (an editable install) and Boost.Context (Debian:
 ``libboost-context-dev``).
@@ -49,7 +49,7 @@ BUILDS = {
     "opt": ["-O2"],
     "asan": ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
              "-fno-omit-frame-pointer"],
-    "coverage": ["-O0", "-g", "--coverage"],
+    "coverage": ["-O2", "--coverage"],
 }
 _LDFLAGS = {"opt": [], "asan": ["-fsanitize=address,undefined"], "coverage": ["--coverage"]}
 
@@ -93,7 +93,8 @@ def load(name: Optional[str] = None) -> str:
         raise ValueError(f"unknown SIMT build {name!r}; one of {sorted(BUILDS)}")
     if name == "asan" and not _asan_loaded():
         raise RuntimeError("the asan build needs the ASan runtime loaded first: run under "
-                           "LD_PRELOAD=$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0")
+                           "LD_PRELOAD=\"$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)\" "
+                           "ASAN_OPTIONS=detect_leaks=0 (scripts/simt_check.sh asan)")
     from torch.utils import cpp_extension
 
     root = source_root()
@@ -143,22 +144,25 @@ paged_kv_gather = _on_simt(_paged_kv.paged_kv_gather)
 
 @contextlib.contextmanager
 def options(*, launch: Optional[str] = None, loads: Optional[str] = None, schedule: Union[str, int, None] = None,
-            sms: Optional[int] = None, blocks_per_sm: Optional[int] = None, cooperative: Optional[bool] = None,
-            capturing: Optional[bool] = None) -> Iterator[None]:
+            sms: Optional[int] = None, blocks_per_sm: Optional[int] = None,
+            cooperative: Union[bool, str, None] = None, capturing: Optional[bool] = None) -> Iterator[None]:
     """Emulation settings for the calls inside the ``with`` block (environment variables,
     read at every launch; None leaves a setting as it is):
 
     launch         "cooperative" | "stages": the launch path (SPECDEC_CUDA_LAUNCH, as on a GPU)
     loads          "scalar": no 16-byte vector loads (SPECDEC_CUDA_LOADS, as on a GPU)
     schedule       "inorder" | "reversed" | an int seed: the order of the threads between sync points
-    sms, blocks_per_sm, cooperative: the emulated device (default 2 SMs x 2 blocks, cooperative)
+    sms, blocks_per_sm: the emulated device (default 2 SMs x 2 resident blocks)
+    cooperative    True (default) | False (no cooperative launch) | "refuse" (supported, but every
+                   cooperative launch is refused, as under MPS: the launchers fall back to stages)
     capturing      emulate a CUDA-graph capture (the launch-path choice sees it)
     """
     values = {"SPECDEC_CUDA_LAUNCH": launch, "SPECDEC_CUDA_LOADS": loads,
               "SPECDEC_SIMT_SCHEDULE": None if schedule is None else str(schedule),
               "SPECDEC_SIMT_SMS": None if sms is None else str(sms),
               "SPECDEC_SIMT_BLOCKS_PER_SM": None if blocks_per_sm is None else str(blocks_per_sm),
-              "SPECDEC_SIMT_COOPERATIVE": None if cooperative is None else str(int(cooperative)),
+              "SPECDEC_SIMT_COOPERATIVE": (None if cooperative is None else cooperative
+                                           if isinstance(cooperative, str) else str(int(cooperative))),
               "SPECDEC_SIMT_CAPTURING": None if capturing is None else str(int(capturing))}
     saved = {k: os.environ.get(k) for k in values}
     try:

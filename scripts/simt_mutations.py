@@ -1,0 +1,75 @@
+"""Proof of power of the emulated test suite: each deliberate bug below, planted in a copy
+of csrc/, must make the emulated CUDA tests fail.
+
+    python scripts/simt_mutations.py            # all mutations; exit 1 if one survives
+
+For each mutation: copy csrc/ to a temporary tree, apply the one-line change (the pattern
+must occur exactly once), build the SIMT emulator from that tree (SPECDEC_SIMT_SOURCE,
+specdec_ext.testing.simt) and run TESTS against it. A mutation is caught when the tests
+fail; a build error or no failure fails this script.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# (name, file, original text, mutated text)
+MUTATIONS = [
+    ("removed __syncthreads (block_reduce: scratch written, then read by every thread)",
+     "csrc/cuda/block_reduce.cuh",
+     "  if (lane == 0) scratch[warp] = v;\n  __syncthreads();\n",
+     "  if (lane == 0) scratch[warp] = v;\n"),
+    ("loop bound widened by one (merge_stat_blocks reads one stat block past the row)",
+     "csrc/cuda/sampling_kernels.cuh",
+     "for (int64_t k = lane; k < nblk; k += 32) st = merge_stats(st, blocks[k], inv_t);",
+     "for (int64_t k = lane; k <= nblk; k += 32) st = merge_stats(st, blocks[k], inv_t);"),
+    ("wrong shuffle offset (warp_sum: the tile sums of the coarse race)",
+     "csrc/cuda/sampling_kernels.cuh",
+     "for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);",
+     "for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m >> 1);"),
+]
+
+#: the emulated tests run against each mutant (a quick, broad subset; -x stops at the first failure)
+TESTS = ["python_tests/test_sampling_gpu.py", "-m", "simt and not law", "-x", "-q", "-rf", "-p", "no:cacheprovider",
+         "-k", "agree or invalid or greedy or documented_formula"]
+
+
+def run_mutant(name: str, rel: str, old: str, new: str) -> tuple[bool, str]:
+    with tempfile.TemporaryDirectory(prefix="simt-mutant-") as tmp:
+        shutil.copytree(ROOT / "csrc", pathlib.Path(tmp) / "csrc")
+        path = pathlib.Path(tmp) / rel
+        text = path.read_text()
+        if text.count(old) != 1:
+            return False, f"pattern found {text.count(old)} times in {rel} (the source changed: update MUTATIONS)"
+        path.write_text(text.replace(old, new))
+        env = dict(os.environ, SPECDEC_SIMT_SOURCE=tmp, SPECDEC_SIMT_BUILD="opt")
+        proc = subprocess.run([sys.executable, "-m", "pytest", *TESTS], cwd=ROOT, env=env, capture_output=True,
+                              text=True)
+        out = proc.stdout + proc.stderr
+        if "Error building extension" in out:
+            return False, "the mutant did not build:\n" + out[-3000:]
+        if proc.returncode == 0:
+            return False, "NOT caught: every test passed"
+        first = [ln.split()[1] for ln in out.splitlines() if ln.startswith("FAILED ")]
+        return True, "caught by " + (first[0] if first else f"pytest (exit {proc.returncode})")
+
+
+def main() -> int:
+    ok = True
+    for name, rel, old, new in MUTATIONS:
+        t0 = time.time()
+        caught, msg = run_mutant(name, rel, old, new)
+        ok &= caught
+        print(f"[{'ok' if caught else 'FAIL'}] {name}: {msg} ({time.time() - t0:.0f} s)", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
