@@ -8,10 +8,3 @@
 #define SPECDEC_HD inline
 #endif
 
-// A function kept out of line (a rare path that must not cost its caller registers).
-// Not __noinline__ in host builds: libstdc++ spells its own attribute that way.
-#if defined(__CUDACC__)
-#define SPECDEC_NOINLINE __noinline__
-#else
-#define SPECDEC_NOINLINE __attribute__((noinline))
-#endif

@@ -141,23 +141,27 @@ __device__ __forceinline__ void load4(const T* p, int64_t v0, int64_t V, bool ve
 
 // Softmax statistics of a set of tokens (verify_math.h: max of the RAW logits,
 // sum of exp((l - max) * inv_t)) plus the first argmax.
+// ChunkStats::flags
+constexpr int kBadLogit = 1;   // a NaN or +inf logit was seen: the row is invalid
+constexpr int kHugeLogit = 2;  // a logit that weighs in the sum has |l| >= 2^127 (merge_row_stats)
+
 struct ChunkStats {
   float max;    // max logit over the finite and -inf logits (-inf if none)
   float sum;    // sum of shifted_exp(l, max, inv_t)
-  int bad;      // a NaN or +inf logit was seen
-  float lo;     // smallest logit that weighs in the sum (after the filter cutoff; +inf if none)
+  int flags;    // kBadLogit | kHugeLogit
   int64_t arg;  // first index of the max
 
   __device__ __forceinline__ ChunkStats shfl(int m) const {
-    return ChunkStats{shfl_xor(max, m), shfl_xor(sum, m), shfl_xor(bad, m), shfl_xor(lo, m), shfl_xor(arg, m)};
+    return ChunkStats{shfl_xor(max, m), shfl_xor(sum, m), shfl_xor(flags, m), shfl_xor(arg, m)};
   }
-  __device__ static ChunkStats empty() { return ChunkStats{-kInf, 0.0f, 0, kInf, INT64_MAX}; }
+  __device__ static ChunkStats empty() { return ChunkStats{-kInf, 0.0f, 0, INT64_MAX}; }
+  __device__ __forceinline__ bool bad() const { return (flags & kBadLogit) != 0; }
 };
 
 __device__ __forceinline__ ChunkStats merge_stats(const ChunkStats& a, const ChunkStats& b, float inv_t) {
   const SoftmaxStats s = stats_merge(SoftmaxStats{a.max, a.sum}, SoftmaxStats{b.max, b.sum}, inv_t);
   const bool take_b = b.max > a.max || (b.max == a.max && b.arg < a.arg);
-  return ChunkStats{s.max, s.sum, a.bad | b.bad, fminf(a.lo, b.lo), take_b ? b.arg : a.arg};
+  return ChunkStats{s.max, s.sum, a.flags | b.flags, take_b ? b.arg : a.arg};
 }
 
 struct StatsMerge {
@@ -206,13 +210,13 @@ __device__ __forceinline__ ChunkStats stat_block(const T* row, int64_t V, int64_
         x[j * W + k] = v < V ? to_float(row[v]) : -kInf;  // out of range = masked: no mass, never the max
       }
   }
-  int bad = 0, arg = -1;
+  int flags = 0, arg = -1;
   float m = -kInf;
 #pragma unroll
   for (int k = 0; k < N * W; ++k) {
     float xk = x[k];
     if (xk != xk || xk == kInf) {
-      bad = 1;
+      flags = kBadLogit;
       xk = -kInf;
     }
     x[k] = xk;
@@ -221,17 +225,19 @@ __device__ __forceinline__ ChunkStats stat_block(const T* row, int64_t V, int64_
       arg = k;
     }
   }
-  float sum = 0.0f, lo = kInf;
+  float sum = 0.0f;
   if (want_sum && m != -kInf) {
+    bool huge = false;
 #pragma unroll
     for (int k = 0; k < N * W; ++k) {  // exp(-inf) = 0 for masked and filtered tokens
       const float xf = filtered_logit(x[k], cut);
       sum += shifted_exp(xf, m, inv_t);
-      if (xf != -kInf) lo = fminf(lo, xf);
+      huge |= xf != -kInf && fabsf(xf) >= 0x1p127f;
     }
+    if (huge) flags |= kHugeLogit;
   }
   const int64_t tok = arg < 0 ? INT64_MAX : base + static_cast<int64_t>((arg / W) * 32 + lane) * W + arg % W;
-  return warp_reduce(ChunkStats{m, sum, bad, lo, tok}, StatsMerge{inv_t});
+  return warp_reduce(ChunkStats{m, sum, flags, tok}, StatsMerge{inv_t});
 }
 
 // Merge the stat blocks [0, nblk) of one row-position (warp-wide, fixed order:
@@ -343,24 +349,21 @@ __device__ __forceinline__ float warp_sum(float x) {
 // blocks' sums are taken against each lane's own max and rescaled by
 // shifted_exp(lane max, row max) when merged: that is the documented
 // s = sum exp((x - m) * inv_t) (verify_math.h) up to rounding, EXCEPT where x - m
-// overflows float (logits more than FLT_MAX apart; it matters at T >~ 2e37): the
-// formula then gives exp(-inf) = 0, the rescaled lane sum a positive term. A
-// row-position with such a logit (its smallest weighing logit minus its max is -inf)
-// takes s from the logits with the formula itself: a rare, slower path (one warp
-// reads the row once more, scalar loads), never taken for logits within FLT_MAX.
-template <typename T>
-__device__ SPECDEC_NOINLINE float exact_row_sum(const T* row, int64_t V, float m, float inv_t, float cut) {
-  float s = 0.0f;  // out of line: the rare path must not cost the common one registers
-  for (int64_t v = threadIdx.x & 31; v < V; v += 32) s += shifted_exp(filtered_logit(to_float(row[v]), cut), m, inv_t);
-  return warp_sum(s);
-}
-
+// overflows float (logits more than FLT_MAX apart; it matters at T >~ 3e36): the
+// formula then gives exp(-inf) = 0, the rescaled lane sum a positive term. That needs
+// a weighing logit (the max included) with |l| >= 2^127 (kHugeLogit): such a
+// row-position takes s from the logits with the formula itself, a rare, slower path
+// (one warp reads the row once more, scalar loads), never taken for |logits| < 2^127.
 template <typename T>
 __device__ ChunkStats merge_row_stats(const ChunkStats* blocks, int64_t nblk, float inv_t, const T* row, int64_t V,
                                       float cut) {
   ChunkStats st = merge_stat_blocks(blocks, nblk, inv_t);
-  if (st.sum > 0.0f && !st.bad && st.lo - st.max == -kInf)  // warp-uniform
-    st.sum = exact_row_sum(row, V, st.max, inv_t, cut);
+  if (st.flags == kHugeLogit && st.sum > 0.0f) {  // warp-uniform
+    float s = 0.0f;
+#pragma unroll 1
+    for (int64_t v = threadIdx.x & 31; v < V; v += 32) s += shifted_exp(filtered_logit(to_float(row[v]), cut), st.max, inv_t);
+    st.sum = warp_sum(s);
+  }
   return st;
 }
 
@@ -502,7 +505,7 @@ template <typename TL, typename TQ>
 __device__ PositionTest test_position(const VerifyParams& P, const Workspace& W, int64_t b, int64_t i, int64_t n,
                                       const ChunkStats& st, float inv_t, bool greedy, const RowRng& rng) {
   const int64_t K = P.K, V = P.V;
-  PositionTest r{i == n, false, st.bad != 0};
+  PositionTest r{i == n, false, st.bad()};
   int64_t x = -1;
   if (i < n) {
     x = P.draft_ids[b * K + i];
@@ -619,9 +622,9 @@ __device__ void stats_stage(const void* logits, int64_t stride_b, int64_t stride
     const float t = temperature.get(b);
     const int64_t n = drafts_of_row(num_drafts, nd_stride, b, positions - 1);
     ChunkStats st = ChunkStats::empty();
-    st.bad = 1;  // an unusable temperature / n_b: the row is invalid, its logits are not read
+    st.flags = kBadLogit;  // an unusable temperature / n_b: the row is invalid, its logits are not read
     if (valid_temperature(t) && n >= 0 && n < positions) {
-      st.bad = 0;
+      st.flags = 0;
       if (i <= n) {
         const TL* row = static_cast<const TL*>(logits) + b * stride_b + i * stride_k;
         st = stat_block(row, V, blk, stats_inv_t(t), t != 0.0f, W.vec_logits != 0, cutoff_of(W, r));
@@ -815,7 +818,7 @@ __device__ void sample_decide_stage(const Rows& R, int64_t V, const Workspace& W
     }
     __syncthreads();
     const ChunkStats st = row_stats;
-    const bool valid = valid_temperature(t) && R.usable(r) && !st.bad && usable_max(st.max);
+    const bool valid = valid_temperature(t) && R.usable(r) && !st.bad() && usable_max(st.max);
     float* probs = R.probs(r);
     const int64_t begin = c * W.chunk_len, end = imin(V, begin + W.chunk_len);
     const float cut = valid && !greedy ? cutoff_of(W, r) : -kInf;
@@ -914,7 +917,7 @@ __global__ void __launch_bounds__(kBlockThreads) coupled_decide_kernel(VerifyPar
       int bad = 0;
       for (int64_t i = lane; i < n; i += 32) bad |= (draft[i] < 0 || draft[i] >= P.V) ? 1 : 0;
       const ChunkStats* st = W.stats + b * (K + 1) * NB;  // positions 0..n are stat rows b*(K+1) + i
-      for (int64_t k = lane; k < (n + 1) * NB; k += 32) bad |= st[k].bad;
+      for (int64_t k = lane; k < (n + 1) * NB; k += 32) bad |= st[k].flags & kBadLogit;
       ok = !__any_sync(0xffffffffu, bad);
       for (int64_t i0 = 0; i0 < n; i0 += 32) {  // first mismatch, 32 positions per step
         const int64_t i = i0 + lane;
