@@ -14,7 +14,6 @@ emulator runs every CUDA thread as a fiber, thousands of times slower than a GPU
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
 
@@ -65,22 +64,12 @@ class _Backend:
         chi-square law tests, whose draws are the result."""
         return self
 
-    @contextlib.contextmanager
     def options(self, *, launch=None, loads=None):
-        """The launch path ("cooperative" | "stages") and load path ("scalar") of the CUDA launchers."""
-        saved = {k: os.environ.get(k) for k in ("SPECDEC_CUDA_LAUNCH", "SPECDEC_CUDA_LOADS")}
-        try:
-            if launch is not None:
-                os.environ["SPECDEC_CUDA_LAUNCH"] = launch
-            if loads is not None:
-                os.environ["SPECDEC_CUDA_LOADS"] = loads
-            yield
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        """The launch path ("cooperative" | "stages") and load path ("scalar") of the CUDA
+        launchers (the environment variables they read, on a GPU as in the emulation)."""
+        from specdec_ext.testing import simt
+
+        return simt.options(launch=launch, loads=loads)
 
 
 class CpuBackend(_Backend):
@@ -148,12 +137,10 @@ class SimtBackend(_Backend):
     def one_schedule(self):
         return SimtBackend(self.schedules[:1])
 
-    @contextlib.contextmanager
     def options(self, *, launch=None, loads=None, **emulated):
         """As the CUDA backend's, plus the emulated device (simt.options: sms, blocks_per_sm,
         cooperative, capturing)."""
-        with super().options(launch=launch, loads=loads), self.simt.options(**emulated):
-            yield
+        return self.simt.options(launch=launch, loads=loads, **emulated)
 
 
 def make(name: str) -> _Backend:

@@ -12,6 +12,16 @@ CUDA = torch.cuda.is_available() and specdec_ext.has_cuda_kernels()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
+def draft_inputs(B, K, V, dtype, seed):
+    """Random verify inputs: logits [B, K+1, V] (N(0, 4), as ``dtype``), draft probabilities
+    [B, K, V] near the target's softmax, and draft ids [B, K] drawn from them; CPU tensors."""
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(B, K + 1, V, generator=g) * 2).to(dtype)
+    q = torch.softmax(logits[:, :K].float() + 0.5 * torch.randn(B, K, V, generator=g), -1).to(dtype)
+    ids = torch.multinomial(q.float().view(-1, V), 1, generator=g).view(B, K)
+    return logits, ids, q
+
+
 def ragged_prompts(vocab=97, seed=3):
     """ids [3, 7] int64 with left padding (0) and attention_mask [3, 7]: prompts of 7, 5, 2 tokens."""
     torch.manual_seed(seed)

@@ -6,16 +6,9 @@ import pytest
 import torch
 
 import specdec_ext
+from helpers import draft_inputs
 
 pytestmark = pytest.mark.cuda
-
-
-def _inputs(B, K, V, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(B, K + 1, V, generator=g) * 2).to(dtype)
-    q = torch.softmax(logits[:, :K].float() + 0.5 * torch.randn(B, K, V, generator=g), -1).to(dtype)
-    ids = torch.multinomial(q.float().view(-1, V), 1, generator=g).view(B, K)
-    return logits, ids, q
 
 
 def _mismatches(a, b):
@@ -26,7 +19,7 @@ def _mismatches(a, b):
 
 def test_cuda_graph_replay_with_device_offset_cuda():
     B, K, V = 8, 4, 5000
-    L, D, Q = [t.cuda() for t in _inputs(B, K, V, torch.float32, seed=2)]
+    L, D, Q = [t.cuda() for t in draft_inputs(B, K, V, torch.float32, seed=2)]
     seed = torch.arange(B, device="cuda") + 1000
     offset = torch.zeros(B, dtype=torch.int64, device="cuda")
     static = {}
@@ -55,7 +48,7 @@ def test_cuda_graph_replay_with_device_offset_cuda():
 
 
 def test_no_host_sync_cuda():
-    L, D, Q = [t.cuda() for t in _inputs(4, 3, 2000, torch.bfloat16, seed=3)]
+    L, D, Q = [t.cuda() for t in draft_inputs(4, 3, 2000, torch.bfloat16, seed=3)]
     seed = torch.arange(4, device="cuda")
     offset = torch.zeros((), dtype=torch.int64, device="cuda")
     temps = torch.full((4,), 0.9, device="cuda")
@@ -81,7 +74,7 @@ def _to(device, *ts):
 
 def test_filters_num_drafts_coupled_no_host_sync_cuda():
     B, K, V = 4, 3, 2000
-    L, D, Q = _to(GPU, *_inputs(B, K, V, torch.bfloat16, seed=13))
+    L, D, Q = _to(GPU, *draft_inputs(B, K, V, torch.bfloat16, seed=13))
     seed = torch.arange(B, device=GPU)
     offset = torch.zeros((), dtype=torch.int64, device=GPU)
     temps = torch.full((B,), 0.9, device=GPU)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import specdec_ext
+from helpers import draft_inputs
 from stats_reference import (ALPHA, chi_square_pvalue, filtered_softmax64, joint_counts, softmax64,
                              verify_joint)
 
@@ -20,14 +21,6 @@ from stats_reference import (ALPHA, chi_square_pvalue, filtered_softmax64, joint
 MAX_MISMATCHED_ROWS = 2
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def _inputs(B, K, V, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(B, K + 1, V, generator=g) * 2).to(dtype)
-    q = torch.softmax(logits[:, :K].float() + 0.5 * torch.randn(B, K, V, generator=g), -1).to(dtype)
-    ids = torch.multinomial(q.float().view(-1, V), 1, generator=g).view(B, K)
-    return logits, ids, q
 
 
 def _temps(B, seed, greedy_every=5):
@@ -67,7 +60,7 @@ def test_cpu_and_cuda_kernels_agree(gpu, shape, dtype):
     """Same Philox numbers on both: rows agree except where float rounding flips a
     decision (at most MAX_MISMATCHED_ROWS rows); the same validity everywhere."""
     B, K, V = gpu.size(*shape)
-    L, D, Q = _inputs(B, K, V, dtype, seed=B + K)
+    L, D, Q = draft_inputs(B, K, V, dtype, seed=B + K)
     temps = _temps(B, seed=1)
     cpu = specdec_ext.verify(L, D, Q, temps, seed=77, offset=5)
     dev = gpu.verify(*gpu.to(L, D, Q, temps), seed=77, offset=5)
@@ -84,7 +77,7 @@ def test_sampled_rows_agree_at_a_large_vocabulary(gpu, dtype):
     drafts, and sample with probs_out: at most MAX_MISMATCHED_ROWS rows differ; probs_out
     matches the CPU's to float rounding; the tokens are draws, not argmaxes."""
     B, K, V = gpu.size((256, 2, 128256), (16, 2, 20000))
-    L, D, Q = _inputs(B, K, V, dtype, seed=11)
+    L, D, Q = draft_inputs(B, K, V, dtype, seed=11)
     temps = 0.5 + torch.rand(B, generator=torch.Generator().manual_seed(2))
     Ld, Dd, Qd, Td = gpu.to(L, D, Q, temps)
     for q_cpu, q_dev in ((Q, Qd), (None, None)):
@@ -146,7 +139,7 @@ def test_softmax_sum_is_the_documented_formula_for_huge_logit_gaps(gpu):
 # ---- invalid rows ------------------------------------------------------------------------
 
 def test_invalid_rows(gpu):
-    L, D, Q = _inputs(4, 2, 300, torch.float32, seed=0)
+    L, D, Q = draft_inputs(4, 2, 300, torch.float32, seed=0)
     L[1, 2, 7] = float("nan")
     D[2, 0] = 300
     L[3, 0] = float("-inf")
@@ -165,7 +158,7 @@ def test_invalid_rows_from_device_values(gpu):
     """Bad filter values / num_drafts in per-row DEVICE tensors make only their rows invalid
     (no host check, no sync): verify (exact and coupled) and sample (token -1, probs_out 0)."""
     B, K, V = 8, 3, 500
-    L, D, Q = gpu.to(*_inputs(B, K, V, torch.float32, seed=4))
+    L, D, Q = gpu.to(*draft_inputs(B, K, V, torch.float32, seed=4))
     top_k = gpu.to(torch.tensor([5, -1, 0, 0, 0, 0, 0, 3]))
     top_p = gpu.to(torch.tensor([1.0, 1.0, 0.0, 1.5, 1.0, 1.0, 0.9, float("nan")]))
     min_p = gpu.to(torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, -0.5, 0.0, 0.0]))
@@ -220,7 +213,7 @@ def test_filtered_calls_agree_with_the_cpu(gpu, shape, dtype, form):
     """Filtered verify (dense q, one-hot drafts) and sample (+ probs_out): the cutoff kernel
     finds the CPU's cutoff (same probs_out support), and rows agree up to MAX_MISMATCHED_ROWS."""
     B, K, V = gpu.size(*shape)
-    L, D, Q = _inputs(B, K, V, dtype, seed=3 * B + K)
+    L, D, Q = draft_inputs(B, K, V, dtype, seed=3 * B + K)
     temps = _temps(B, seed=4, greedy_every=7)  # greedy rows: filters do not apply
     f = _filters(form, B, seed=V)
     fd = _on(gpu, f)
@@ -283,7 +276,7 @@ def test_ragged_num_drafts(gpu, dtype, filtered):
     """Per-row num_drafts: agrees with the CPU; positions after n_b are never read (NaN there
     changes nothing) and their tokens are -1; n_b = 0 is sampling from position 0."""
     B, K, V = gpu.size((64, 4, 32000), (20, 4, 2000))
-    L, D, Q = _inputs(B, K, V, dtype, seed=7)
+    L, D, Q = draft_inputs(B, K, V, dtype, seed=7)
     n = torch.randint(0, K + 1, (B,), generator=torch.Generator().manual_seed(3))
     n[:5] = torch.tensor([0, K, 1, 0, K])
     for b in range(B):  # garbage after n_b: never read
@@ -322,7 +315,7 @@ def test_coupled_contract(gpu, shape, dtype):
     ragged num_drafts, greedy rows); drafts equal to those samples are all accepted;
     agreement with the CPU's coupled verify; draft_probs is not read."""
     B, K, V = gpu.size(*shape)
-    L, D, _ = _inputs(B, K, V, dtype, seed=B + V)
+    L, D, _ = draft_inputs(B, K, V, dtype, seed=B + V)
     temps = 0.5 + torch.rand(B, generator=torch.Generator().manual_seed(6))
     temps[2::5] = 0.0
     n = torch.randint(0, K + 1, (B,), generator=torch.Generator().manual_seed(8))
@@ -357,7 +350,7 @@ def test_coupled_contract(gpu, shape, dtype):
 def test_coupled_per_row_seed_and_offset(gpu):
     """Per-row seed / offset tensors: row b's coupled tokens are sample's with seed[b], offset[b] + i."""
     B, K, V = gpu.size((8, 3, 4096), (6, 3, 1500))
-    L, D, _ = gpu.to(*_inputs(B, K, V, torch.float32, seed=9))
+    L, D, _ = gpu.to(*draft_inputs(B, K, V, torch.float32, seed=9))
     seed = gpu.to(torch.arange(B) * 7 + 3)
     offset = gpu.to(torch.arange(B) * 100)
     res = gpu.verify(L, D, None, 0.9, seed=seed, offset=offset, mode="coupled", top_p=0.8)
@@ -373,7 +366,7 @@ def test_rows_do_not_depend_on_the_batch(gpu):
     """With per-row seeds, a row's result is the same alone, in a batch, and in a reversed
     batch (stat blocks and race tiles are fixed in token space; the grid split is not)."""
     B, K, V = 10, 2, 2500
-    L, D, Q = _inputs(B, K, V, torch.float32, seed=21)
+    L, D, Q = draft_inputs(B, K, V, torch.float32, seed=21)
     temps = _temps(B, seed=3, greedy_every=4)
     seeds = torch.arange(B) * 11 + 5
     Ld, Dd, Qd, Td, Sd = gpu.to(L, D, Q, temps, seeds)
@@ -410,7 +403,7 @@ def test_cooperative_and_per_stage_launches_are_identical(gpu, shape, dtype):
     """The cooperative launch and the per-stage launches run the same stage code, and
     results do not depend on the grid: bit-identical, filtered and coupled calls included."""
     B, K, V = gpu.size(*shape)
-    L, D, Q = _inputs(B, K, V, dtype, seed=12)
+    L, D, Q = draft_inputs(B, K, V, dtype, seed=12)
     n = torch.randint(0, K + 1, (B,), generator=torch.Generator().manual_seed(1))
     args = gpu.to(L, D, Q, _temps(B, seed=2, greedy_every=4), n)
     with gpu.options(launch="cooperative"):
@@ -427,7 +420,7 @@ def test_vector_and_scalar_loads_are_identical(gpu, dtype):
     """16-byte vector loads and scalar loads give each lane the same tokens in the same
     order: bit-identical, forced (SPECDEC_CUDA_LOADS=scalar) or through a misaligned view."""
     B, K, V = gpu.size((16, 3, 128256), (6, 2, 4096))
-    L, D, Q = _inputs(B, K, V, dtype, seed=5)
+    L, D, Q = draft_inputs(B, K, V, dtype, seed=5)
     n = torch.randint(0, K + 1, (B,), generator=torch.Generator().manual_seed(2))
     T = _temps(B, seed=6, greedy_every=3)
     Ld, Dd, Qd, Td, nd = gpu.to(L, D, Q, T, n)
@@ -551,7 +544,7 @@ def test_results_do_not_depend_on_the_device():
 
     gpu = backends.make("simt")
     B, K, V = 5, 3, 5000
-    L, D, Q = _inputs(B, K, V, torch.bfloat16, seed=41)
+    L, D, Q = draft_inputs(B, K, V, torch.bfloat16, seed=41)
     n = torch.tensor([3, 0, 2, 1, 3])
     args = (L, D, Q, _temps(B, seed=7, greedy_every=3), n)
     reference = _all_outputs(gpu, *args)

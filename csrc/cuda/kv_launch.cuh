@@ -37,15 +37,22 @@ void with_copy_types(const CopyPlan& p, Fn&& fn) {
   }
 }
 
-inline void launch_kv_append(const KVAppendParams& P, cudaStream_t stream) {
-  const CopyPlan plan = plan_copies(pair_alignment(P.cache, P.cache_stride) | pair_alignment(P.src, P.src_stride),
-                                    P.row_bytes, P.B * P.H * P.S, P.overflow ? P.B : 0);
+// One launch of the append kernel kernel_of(V{}, I{}) (vector and index type from the
+// plan) with P and the plan's (nvec, copies, total).
+template <typename KernelOf, typename Params>
+void launch_append(const CopyPlan& plan, cudaStream_t stream, KernelOf kernel_of, const Params& P) {
   if (plan.total == 0) return;
   with_copy_types(plan, [&](auto vtag, auto itag) {
     using I = decltype(itag);
-    launch(kv_append_kernel<decltype(vtag), I>, to_dim(plan.blocks), dim3(kKVThreads), stream, P,
-           static_cast<I>(plan.nvec), static_cast<I>(plan.copies), static_cast<I>(plan.total));
+    launch(kernel_of(vtag, itag), to_dim(plan.blocks), dim3(kKVThreads), stream, P, static_cast<I>(plan.nvec),
+           static_cast<I>(plan.copies), static_cast<I>(plan.total));
   });
+}
+
+inline void launch_kv_append(const KVAppendParams& P, cudaStream_t stream) {
+  launch_append(plan_copies(pair_alignment(P.cache, P.cache_stride) | pair_alignment(P.src, P.src_stride),
+                            P.row_bytes, P.B * P.H * P.S, P.overflow ? P.B : 0),
+                stream, [](auto v, auto i) { return kv_append_kernel<decltype(v), decltype(i)>; }, P);
 }
 
 inline void launch_kv_rollback(const KVRollbackParams& P, cudaStream_t stream) {
@@ -54,14 +61,9 @@ inline void launch_kv_rollback(const KVRollbackParams& P, cudaStream_t stream) {
 }
 
 inline void launch_paged_append(const PagedAppendParams& P, cudaStream_t stream) {
-  const CopyPlan plan = plan_copies(pair_alignment(P.cache, P.cache_stride) | pair_alignment(P.src, P.src_stride),
-                                    P.row_bytes, P.T * P.H, P.invalid ? P.T : 0);
-  if (plan.total == 0) return;
-  with_copy_types(plan, [&](auto vtag, auto itag) {
-    using I = decltype(itag);
-    launch(paged_append_kernel<decltype(vtag), I>, to_dim(plan.blocks), dim3(kKVThreads), stream, P,
-           static_cast<I>(plan.nvec), static_cast<I>(plan.copies), static_cast<I>(plan.total));
-  });
+  launch_append(plan_copies(pair_alignment(P.cache, P.cache_stride) | pair_alignment(P.src, P.src_stride),
+                            P.row_bytes, P.T * P.H, P.invalid ? P.T : 0),
+                stream, [](auto v, auto i) { return paged_append_kernel<decltype(v), decltype(i)>; }, P);
 }
 
 inline void launch_paged_gather(const PagedGatherParams& P, cudaStream_t stream) {
