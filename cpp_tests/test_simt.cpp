@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/block_reduce.cuh"
 #include "cuda/shared_memory.cuh"
 
 namespace {
@@ -196,6 +197,53 @@ TEST(SimtSyncthreads, ReductionWithoutBarriersIsWrong) {
   EXPECT_NE(sums[0], expected_tree_sum(256, 0));
   // s[0] + seven poisoned (-1) partners, added by thread 0 alone
   EXPECT_EQ(sums[0], 1 - 8);
+}
+
+// Two back-to-back block reductions through one scratch array, without the barrier that
+// guards its reuse: a warp that finishes the first reduction early overwrites scratch
+// while slower warps still read it. Random schedules release the threads of a completed
+// sync point ahead of the round (as a fast warp runs ahead on a GPU), so the race shows;
+// a schedule made only of rounds would act as an extra barrier and hide it.
+struct IntSum {
+  int v;
+  IntSum shfl(int m) const { return IntSum{specdec::cuda::shfl_xor(v, m)}; }
+};
+struct AddInts {
+  IntSum operator()(IntSum a, IntSum b) const { return IntSum{a.v + b.v}; }
+};
+template <bool kGuard>
+int reduce_twice(IntSum* scratch) {
+  auto reduce = [&](int x) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    IntSum v = specdec::cuda::warp_reduce(IntSum{x}, AddInts{});
+    if (kGuard) __syncthreads();  // scratch may still be read by the previous reduction
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    int r = 0;
+    for (int w = 0; w < warps; ++w) r += scratch[w].v;
+    return r;
+  };
+  return reduce(1) * 1000 + reduce(2);
+}
+
+TEST(SimtSyncthreads, RandomSchedulesLetAFastWarpOvertakeSlowerOnes) {
+  auto wrong_results = [](bool guard) {
+    long wrong = 0;
+    for (uint64_t seed = 1; seed <= 40; ++seed) {
+      std::vector<int> out(256);
+      Config c;
+      c.policy = simt::SchedulePolicy::kRandom;
+      c.seed = seed;
+      simt::run_grid(dim3(1), dim3(256), false, c, [&] {
+        SPECDEC_SHARED(IntSum[32], scratch);
+        out[threadIdx.x] = guard ? reduce_twice<true>(scratch) : reduce_twice<false>(scratch);
+      });
+      for (int x : out) wrong += x != 256 * 1000 + 512;
+    }
+    return wrong;
+  };
+  EXPECT_EQ(wrong_results(true), 0);
+  EXPECT_GT(wrong_results(false), 0);
 }
 
 TEST(SimtSyncthreads, ThreadsAtDifferentBarriersThrowNamingBothSites) {

@@ -27,7 +27,7 @@ SIMT_SCHEDULES = tuple(os.environ.get("SPECDEC_SIMT_SCHEDULES", "1,2,3").split("
 # the arguments each op writes (restored before each schedule, compared after)
 _MUTATED = {"verify": (), "sample": ("probs_out",), "kv_append_": ("key_cache", "value_cache", "overflow"),
             "kv_rollback_": ("lengths", "invalid"), "paged_kv_append_": ("key_cache", "value_cache", "invalid"),
-            "paged_kv_gather": ("keys_out", "values_out")}
+            "paged_kv_gather": ("out",)}
 
 
 def _flatten(out):
@@ -110,7 +110,10 @@ class SimtBackend(_Backend):
 
         def call(*args, **kwargs):
             bound = sig.bind(*args, **kwargs)
-            written = [bound.arguments[n] for n in _MUTATED[op] if bound.arguments.get(n) is not None]
+            if "seed" in sig.parameters and bound.arguments.get("seed") is None:
+                # a drawn seed would differ between schedules: draw it once
+                kwargs = dict(kwargs, seed=int(torch.randint(0, 2**62, ()).item()))
+            written = _flatten([bound.arguments.get(n) for n in _MUTATED[op]])
             start = [w.clone() for w in written]
             first, out = None, None
             for schedule in self.schedules:

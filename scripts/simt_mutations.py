@@ -55,10 +55,12 @@ def run_mutant(name: str, rel: str, old: str, new: str) -> tuple[bool, str]:
         out = proc.stdout + proc.stderr
         if "Error building extension" in out:
             return False, "the mutant did not build:\n" + out[-3000:]
+        first = [ln.split()[1] for ln in out.splitlines() if ln.startswith("FAILED ")]
         if proc.returncode == 0:
             return False, "NOT caught: every test passed"
-        first = [ln.split()[1] for ln in out.splitlines() if ln.startswith("FAILED ")]
-        return True, "caught by " + (first[0] if first else f"pytest (exit {proc.returncode})")
+        if proc.returncode != 1 or not first:  # 5: no test selected; a crash: not a verdict
+            return False, f"no verdict (pytest exit {proc.returncode}):\n" + out[-3000:]
+        return True, "caught by " + first[0]
 
 
 def main() -> int:

@@ -10,8 +10,8 @@
 //   device_info(kernel, threads, device) -> DeviceInfo       SMs, resident blocks, cooperative
 //   stream_is_capturing(stream)                              a CUDA graph is being captured
 //
-// Arguments are converted to the kernel's parameter types at the call, so a
-// mismatch is a compile error, not a garbled launch.
+// Arguments are brace-converted to the kernel's parameter types at the call, so a
+// mismatch or a narrowing conversion is a compile error, not a garbled launch.
 #pragma once
 #include "launch_plan.h"
 

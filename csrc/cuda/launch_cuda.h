@@ -15,7 +15,9 @@
 namespace specdec::cuda {
 
 inline void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+  if (err == cudaSuccess) return;
+  (void)cudaGetLastError();  // a non-sticky error must not stay pending for torch's next launch check
+  throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
 namespace detail {
@@ -25,8 +27,9 @@ template <typename... KArgs>
 struct KernelArgs {
   std::tuple<std::decay_t<KArgs>...> values;
   void* ptrs[sizeof...(KArgs) + 1] = {};
+  // brace-initialised: a narrowing conversion (int64_t to int, double to float) does not compile
   template <typename... Args>
-  explicit KernelArgs(Args&&... args) : values(std::forward<Args>(args)...) {
+  explicit KernelArgs(Args&&... args) : values{std::decay_t<KArgs>{std::forward<Args>(args)}...} {
     std::apply([this](auto&... v) {
       int i = 0;
       ((ptrs[i++] = const_cast<void*>(static_cast<const void*>(&v))), ...);

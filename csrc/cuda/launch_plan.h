@@ -40,11 +40,14 @@ struct DeviceInfo {
 // cooperative for eager calls, per-stage launches while the stream is being captured
 // (three plain kernel nodes are always capturable; a cooperative launch refused inside
 // a capture would invalidate the capture, with no way back).
+// `capturing()` is asked only when the answer matters (the default, on a device with
+// cooperative launches): it is a runtime call.
 enum class LaunchPath { kCooperative, kStages };
-inline LaunchPath choose_launch_path(const char* env, bool capturing) {
-  if (env && std::strcmp(env, "stages") == 0) return LaunchPath::kStages;
+template <typename Capturing>
+LaunchPath choose_launch_path(const char* env, bool cooperative_device, Capturing&& capturing) {
+  if (!cooperative_device || (env && std::strcmp(env, "stages") == 0)) return LaunchPath::kStages;
   if (env && std::strcmp(env, "cooperative") == 0) return LaunchPath::kCooperative;
-  return capturing ? LaunchPath::kStages : LaunchPath::kCooperative;
+  return capturing() ? LaunchPath::kStages : LaunchPath::kCooperative;
 }
 
 // ---- vector loads -----------------------------------------------------------------
@@ -69,7 +72,8 @@ inline bool vector_ok(const void* base, int64_t elem, int64_t V, int64_t stride_
 // that AddressSanitizer sees an overrun from one into the next.
 enum WorkspaceBuffer : int { kWsStats = 0, kWsRace, kWsRows, kWsCutoff, kWsCoupled, kWsBuffers };
 struct WorkspaceLayout {
-  int64_t bytes[kWsBuffers] = {};
+  int64_t bytes[kWsBuffers] = {};  // each rounded up to a multiple of 256 (the real launcher's offsets)
+  int64_t used[kWsBuffers] = {};   // what the kernels may touch (the SIMT build allocates exactly this)
   int64_t total() const {
     int64_t t = 0;
     for (int64_t b : bytes) t += b;
@@ -128,16 +132,18 @@ StagePlan plan_stages(int64_t rows, int64_t race_rows, int64_t V, const DeviceIn
   choose_chunks(race_rows, V, max_grid, W);
   auto align = [](int64_t x) { return (x + 255) / 256 * 256; };
   auto bytes = [](int64_t n, auto* typed) { return n * static_cast<int64_t>(sizeof(*typed)); };
-  p.workspace.bytes[kWsStats] = align(bytes(rows * W.stat_blocks, W.stats));
-  p.workspace.bytes[kWsRace] = align(bytes(race_rows * W.chunks, W.race));
-  p.workspace.bytes[kWsRows] = align(bytes(std::max<int64_t>(1, race_rows), W.rows));
-  p.workspace.bytes[kWsCutoff] = filters ? align(bytes(rows, W.cutoff)) : 0;
-  p.workspace.bytes[kWsCoupled] = coupled ? align(bytes(race_rows, W.coupled_y)) : 0;
+  WorkspaceLayout& L = p.workspace;
+  L.used[kWsStats] = bytes(rows * W.stat_blocks, W.stats);
+  L.used[kWsRace] = bytes(race_rows * W.chunks, W.race);
+  L.used[kWsRows] = bytes(std::max<int64_t>(1, race_rows), W.rows);
+  L.used[kWsCutoff] = filters ? bytes(rows, W.cutoff) : 0;
+  L.used[kWsCoupled] = coupled ? bytes(race_rows, W.coupled_y) : 0;
+  for (int k = 0; k < kWsBuffers; ++k) L.bytes[k] = align(L.used[k]);
   p.grid[0] = (rows * W.stat_blocks + warps - 1) / warps;
   p.grid[1] = race_rows * W.chunks;
   p.grid[2] = (race_rows + warps - 1) / warps;
   p.coop_grid = std::min(max_grid, std::max({p.grid[0], p.grid[1], p.grid[2]}));
-  p.cooperative = dev.cooperative && dev.blocks_per_sm > 0 && path == LaunchPath::kCooperative;
+  p.cooperative = dev.blocks_per_sm > 0 && path == LaunchPath::kCooperative;
   return p;
 }
 

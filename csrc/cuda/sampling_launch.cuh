@@ -54,7 +54,8 @@ void launch_staged(void (*kernel)(Params, Workspace, int), int64_t rows, int64_t
                    const Params& P, Workspace& W, const FilterParams* F, ExtraPasses extra, int device,
                    cudaStream_t stream, const WorkspaceAllocator& alloc) {
   const DeviceInfo dev = device_info(reinterpret_cast<const void*>(kernel), kBlockThreads, device);
-  const LaunchPath path = choose_launch_path(std::getenv("SPECDEC_CUDA_LAUNCH"), stream_is_capturing(stream));
+  const LaunchPath path = choose_launch_path(std::getenv("SPECDEC_CUDA_LAUNCH"), dev.cooperative,
+                                             [&] { return stream_is_capturing(stream); });
   const StagePlan plan = plan_stages(rows, race_rows, V, dev, path, extra.filters, extra.coupled, W);
   bind_workspace(plan.workspace, alloc, W);
   if (extra.filters) {  // one block per (row, position), before the main kernel

@@ -11,6 +11,7 @@
 #include "kernels_simt.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <vector>
@@ -21,14 +22,18 @@
 namespace specdec::simt_ops {
 namespace {
 
-// Every workspace buffer its own allocation, freed when the call returns (the
+// Every workspace buffer its own allocation of exactly the bytes the kernels may touch
+// (not the 256-byte rounding of the real launcher: an overrun is an overrun), filled with
+// 0xFF bytes (a read before any write sees NaN / -1), freed when the call returns (the
 // emulated kernels have run by then).
 struct SeparateBuffers {
   std::vector<std::unique_ptr<char, void (*)(void*)>> buffers;
   cuda::WorkspaceAllocator allocator() {
     return [this](const cuda::WorkspaceLayout& layout, int buffer) -> char* {
-      char* p = static_cast<char*>(std::malloc(static_cast<size_t>(layout.bytes[buffer])));
+      const size_t n = static_cast<size_t>(layout.used[buffer]);
+      char* p = static_cast<char*>(std::malloc(n));
       if (!p) throw std::bad_alloc();
+      std::memset(p, 0xFF, n);
       buffers.emplace_back(p, &std::free);
       return p;
     };
@@ -51,5 +56,10 @@ void kv_append(const KVAppendParams& P) { cuda::launch_kv_append(P, nullptr); }
 void kv_rollback(const KVRollbackParams& P) { cuda::launch_kv_rollback(P, nullptr); }
 void paged_append(const PagedAppendParams& P) { cuda::launch_paged_append(P, nullptr); }
 void paged_gather(const PagedGatherParams& P) { cuda::launch_paged_gather(P, nullptr); }
+
+std::vector<int64_t> launch_counts() {
+  const simt::LaunchCounts& c = simt::launch_counts();
+  return {c.ordinary, c.cooperative, c.refused};
+}
 
 }  // namespace specdec::simt_ops

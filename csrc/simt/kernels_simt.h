@@ -3,6 +3,8 @@
 // and the torch glue (ops_simt.cpp). Parameter blocks as prepared for the CUDA
 // launchers, pointing into CPU memory; every call returns when the kernels have run.
 #pragma once
+#include <vector>
+
 #include "../core/kv_cache.h"
 #include "../core/sampling_params.h"
 
@@ -18,5 +20,8 @@ void kv_append(const KVAppendParams& P);
 void kv_rollback(const KVRollbackParams& P);
 void paged_append(const PagedAppendParams& P);
 void paged_gather(const PagedGatherParams& P);
+
+// [ordinary, cooperative, refused cooperative] launches since the library was loaded.
+std::vector<int64_t> launch_counts();
 
 }  // namespace specdec::simt_ops

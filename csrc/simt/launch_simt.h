@@ -15,7 +15,8 @@ namespace specdec::cuda {
 template <typename... KArgs, typename... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t, Args&&... args) {
   static_assert(sizeof...(KArgs) == sizeof...(Args), "launch: wrong number of kernel arguments");
-  const std::tuple<std::decay_t<KArgs>...> values(std::forward<Args>(args)...);
+  const std::tuple<std::decay_t<KArgs>...> values{std::decay_t<KArgs>{std::forward<Args>(args)}...};
+  ++simt::launch_counts().ordinary;
   simt::run_grid(grid, block, false, simt::config_from_env(), [&] { std::apply(kernel, values); });
 }
 
@@ -25,9 +26,12 @@ CoopLaunch launch_cooperative(void (*kernel)(KArgs...), dim3 grid, dim3 block, c
   const simt::Config cfg = simt::config_from_env();
   // what cudaLaunchCooperativeKernel refuses: no support, or more blocks than can be resident
   if (!cfg.cooperative || cfg.refuse_cooperative ||
-      static_cast<int64_t>(grid.x) > static_cast<int64_t>(cfg.sms) * cfg.blocks_per_sm)
+      static_cast<int64_t>(grid.x) > static_cast<int64_t>(cfg.sms) * cfg.blocks_per_sm) {
+    ++simt::launch_counts().refused;
     return CoopLaunch::kRefused;
-  const std::tuple<std::decay_t<KArgs>...> values(std::forward<Args>(args)...);
+  }
+  const std::tuple<std::decay_t<KArgs>...> values{std::decay_t<KArgs>{std::forward<Args>(args)}...};
+  ++simt::launch_counts().cooperative;
   simt::run_grid(grid, block, true, cfg, [&] { std::apply(kernel, values); });
   return CoopLaunch::kLaunched;
 }
@@ -37,9 +41,6 @@ inline DeviceInfo device_info(const void*, int, int) {
   return DeviceInfo{cfg.sms, cfg.blocks_per_sm, cfg.cooperative};
 }
 
-inline bool stream_is_capturing(cudaStream_t) {
-  const char* v = std::getenv("SPECDEC_SIMT_CAPTURING");
-  return v && *v && *v != '0';
-}
+inline bool stream_is_capturing(cudaStream_t) { return simt::env_flag("SPECDEC_SIMT_CAPTURING", false); }
 
 }  // namespace specdec::cuda

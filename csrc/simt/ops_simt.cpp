@@ -17,6 +17,10 @@ namespace {
 
 using OptTensor = std::optional<at::Tensor>;
 
+// The integer outputs start as a value no kernel writes (at::empty on a GPU holds whatever
+// was there): an output element the kernels forget shows as this, not as a plausible 0.
+constexpr int64_t kUnwritten = 0x5A5A5A5A5A5A5A5ALL;
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_simt(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
     const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& top_k,
@@ -24,7 +28,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_simt(
   VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
                                   SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled,
                                   HostChecks::kScalarsOnly);
-  if (L.params.B > 0) verify(L.params, L.logits_dtype, L.probs_dtype);
+  if (L.params.B > 0) {
+    L.tokens.fill_(kUnwritten);
+    L.num_accepted.fill_(kUnwritten);
+    verify(L.params, L.logits_dtype, L.probs_dtype);
+  }
   return {L.tokens, L.num_accepted, L.valid};
 }
 
@@ -33,7 +41,10 @@ at::Tensor sample_simt(const at::Tensor& logits, const at::Tensor& temperature, 
                        const OptTensor& top_p, const OptTensor& min_p) {
   SampleLaunch L = prepare_sample(logits, temperature, seed, offset, probs_out, SamplingFilters{top_k, top_p, min_p},
                                   HostChecks::kScalarsOnly);
-  if (L.params.B > 0) sample(L.params, L.logits_dtype);
+  if (L.params.B > 0) {
+    L.tokens.fill_(kUnwritten);
+    sample(L.params, L.logits_dtype);
+  }
   return L.tokens;
 }
 
@@ -70,6 +81,9 @@ std::tuple<at::Tensor, at::Tensor> paged_kv_gather_simt(const at::Tensor& key_ca
 
 TORCH_LIBRARY(specdec_simt, m) {
   for (const char* schema : specdec::schemas::kCudaOps) m.def(schema);
+  // Emulator only: [ordinary, cooperative, refused cooperative] launches since the library
+  // was loaded (simt::launch_counts), so tests can see which launch path a call took.
+  m.def("launch_counts() -> int[]", &specdec::simt_ops::launch_counts);
 }
 
 TORCH_LIBRARY_IMPL(specdec_simt, CPU, m) {

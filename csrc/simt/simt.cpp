@@ -186,6 +186,10 @@ struct Run {
   std::vector<Thread*> now;    // this round's threads, in schedule order (next_ready walks it)
   std::size_t pos = 0;
   std::vector<Thread*> ready;  // threads made ready during this round: the next round
+  std::vector<Thread*> eager;  // released threads that run before the rest of this round
+  std::size_t eager_pos = 0;
+  bool release_eager = false;  // the sync point being completed releases into `eager`
+  bool aborting = false;       // an error was recorded: suspended fibers are being unwound
   ctx::fiber main;             // run_grid's continuation while a fiber runs
   Thread* from = nullptr;      // who switched last (nullptr: run_grid; kDying: a finished fiber)
   std::mt19937_64 rng;
@@ -246,8 +250,15 @@ Thread* const kDying = reinterpret_cast<Thread*>(1);
 
 void order(Run& run, std::vector<Thread*>& v);
 
-// The next thread to run: the rest of this round, then the next round (in schedule order).
+// The next thread to run: threads an eager release put first, the rest of this round,
+// then the next round (in schedule order).
 SIMT_HOT Thread* next_ready(Run& run) {
+  while (run.eager_pos < run.eager.size()) {
+    Thread* t = run.eager[run.eager_pos++];
+    if (t->state == State::kReady) return t;
+  }
+  run.eager.clear();
+  run.eager_pos = 0;
   for (;;) {
     while (run.pos < run.now.size()) {
       Thread* t = run.now[run.pos++];
@@ -292,6 +303,10 @@ void asan_finish(Run& run, Thread* self, void* fake) {
 #endif
 }
 
+// Thrown inside a suspended fiber that run_grid resumes after an error: unwinds its stack
+// (through annotated switches, so ASan follows) and ends it.
+struct AbortFiber {};
+
 // From the running context `self` (nullptr: run_grid) to `to` (nullptr: run_grid).
 SIMT_HOT void switch_to(Run& run, Thread* self, Thread* to) {
   ctx::fiber& target = to ? to->fiber : run.main;
@@ -301,6 +316,7 @@ SIMT_HOT void switch_to(Run& run, Thread* self, Thread* to) {
   ctx::fiber back = std::move(target).resume();
   asan_finish(run, self, *fake);
   arrived(run, self, std::move(back));
+  if (self && run.aborting) throw AbortFiber{};
 }
 
 // A sync point of thread `t`: run the next ready thread (maybe `t` itself).
@@ -310,9 +326,17 @@ SIMT_HOT void yield(Thread& t) {
   if (next != &t) switch_to(run, &t, next);
 }
 
+// A sync point releases `t`: into the next round, or (an eager release, random schedules
+// only) ahead of the threads still waiting in this round, so that a fast warp can overtake
+// slower ones as on a GPU (a round boundary alone would act as an extra barrier).
 SIMT_HOT void make_ready(Thread& t) {
   set_state(t, State::kReady);
-  g_run->ready.push_back(&t);
+  (g_run->release_eager ? g_run->eager : g_run->ready).push_back(&t);
+}
+
+// Starts a release event: eager with probability 1/2 under a random schedule.
+SIMT_HOT void begin_release(Run& run) {
+  run.release_eager = run.cfg.policy == SchedulePolicy::kRandom && (run.rng() & 1u);
 }
 
 // A lane of `t`'s warp in `lanes` that cannot take part in a warp exchange: exited or
@@ -364,7 +388,8 @@ SIMT_HOT void complete_exchange(Block& b, int wi, const Thread& t) {
     for (int l = 0; l < 32; ++l)
       if ((mask >> l & 1u) && w.bits[l]) ballot |= 1u << l;
     const uint64_t r = t.op == WarpOp::kBallot ? ballot : t.op == WarpOp::kAny ? (ballot != 0) : (ballot == mask);
-    for (int l = 0; l < 32; ++l) w.result[l] = r;
+    for (int l = 0; l < 32; ++l)
+      if (mask >> l & 1u) w.result[l] = r;  // only this exchange's lanes (another group may be waiting)
   } else {
     for (int l = 0; l < 32; ++l) {
       if (!(mask >> l & 1u)) continue;
@@ -376,6 +401,7 @@ SIMT_HOT void complete_exchange(Block& b, int wi, const Thread& t) {
     }
   }
   w.arrived &= ~mask;
+  begin_release(*g_run);
   for (int l = 0; l < 32; ++l)
     if (mask >> l & 1u) make_ready(b.threads[wi * 32 + l]);
 }
@@ -444,15 +470,18 @@ void execute(Run& run) {
         asan_finish(*rp, tp, nullptr);
         arrived(*rp, tp, std::move(back));
         try {
-          (*rp->kernel)();
+          if (!rp->aborting) (*rp->kernel)();
+        } catch (const AbortFiber&) {
+          // unwound after an error (run_grid resumed this suspended fiber to end it)
         } catch (const ctx::detail::forced_unwind&) {
-          throw;  // the fiber is being unwound after an error: let Boost.Context finish it
+          throw;
         } catch (const std::exception& e) {
           fail(who(*tp) + ": a C++ exception escaped the kernel: " + e.what());
         } catch (...) {
           fail(who(*tp) + ": a C++ exception escaped the kernel");
         }
-        on_exit(*tp);
+        if (rp->aborting) set_state(*tp, State::kDone);
+        else on_exit(*tp);
         // hand over for good: the next ready thread, else run_grid
         Thread* next = rp->error.empty() ? next_ready(*rp) : nullptr;
         rp->from = kDying;
@@ -465,8 +494,18 @@ void execute(Run& run) {
   run.ready = all;
   if (Thread* first = next_ready(run)) switch_to(run, nullptr, first);  // back when no thread can run
   g_thread = nullptr;
-  if (!run.error.empty()) throw std::runtime_error(run.error);  // ~Block unwinds the other fibers
-  if (run.grid_live > 0) throw std::runtime_error("SIMT: " + describe_deadlock(run));
+  const std::string error = !run.error.empty() ? run.error
+                          : run.grid_live > 0  ? "SIMT: " + describe_deadlock(run)
+                                               : std::string();
+  if (error.empty()) return;
+  // End every fiber that did not finish: resumed one by one, each unwinds its stack by an
+  // exception from its last switch (annotated for ASan) and hands back to run_grid.
+  run.aborting = true;
+  if (run.error.empty()) run.error = error;
+  for (Thread* t : all)
+    if (t->state != State::kDone && t->fiber) switch_to(run, nullptr, t);
+  g_thread = nullptr;
+  throw std::runtime_error(error);
 }
 
 }  // namespace
@@ -492,6 +531,7 @@ SIMT_HOT const ThreadIndex& current_index() { return self().index; }
   t.line = line;
   if (++b.at_barrier == b.live) {
     b.at_barrier = 0;
+    begin_release(*g_run);
     for (Thread& o : b.threads)
       if (o.state == State::kBarrier) make_ready(o);
   }
@@ -524,6 +564,7 @@ SIMT_HOT void syncthreads(const char* file, int line) {
     for (Block* b : run.blocks) total += static_cast<int>(b->threads.size());
     if (run.grid_live != total) fail("grid.sync() reached after some threads of the grid exited");
     run.grid_arrived = 0;
+    begin_release(run);
     for (Block* b : run.blocks)
       for (Thread& o : b->threads)
         if (o.state == State::kGrid) make_ready(o);
@@ -605,17 +646,34 @@ void* block_shared(const void* key, std::size_t bytes, std::size_t align) {
   return p;
 }
 
+LaunchCounts& launch_counts() {
+  static LaunchCounts counts;
+  return counts;
+}
+
+bool env_flag(const char* name, bool dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  if (std::strcmp(v, "0") == 0 || std::strcmp(v, "1") == 0) return *v == '1';
+  throw std::runtime_error(std::string(name) + " must be 0 or 1, got '" + v + "'");
+}
+
 Config config_from_env() {
   Config c;
-  auto num = [](const char* name, long dflt) {
+  auto count = [](const char* name, int dflt) {
     const char* v = std::getenv(name);
-    return (v && *v) ? std::strtol(v, nullptr, 10) : dflt;
+    if (!v || !*v) return dflt;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (*end != '\0' || n < 1 || n > 4096)
+      throw std::runtime_error(std::string(name) + " must be an integer in [1, 4096], got '" + v + "'");
+    return static_cast<int>(n);
   };
-  c.sms = static_cast<int>(std::max(1L, num("SPECDEC_SIMT_SMS", c.sms)));
-  c.blocks_per_sm = static_cast<int>(std::max(1L, num("SPECDEC_SIMT_BLOCKS_PER_SM", c.blocks_per_sm)));
+  c.sms = count("SPECDEC_SIMT_SMS", c.sms);
+  c.blocks_per_sm = count("SPECDEC_SIMT_BLOCKS_PER_SM", c.blocks_per_sm);
   const char* coop = std::getenv("SPECDEC_SIMT_COOPERATIVE");
   c.refuse_cooperative = coop && std::strcmp(coop, "refuse") == 0;
-  c.cooperative = c.refuse_cooperative || num("SPECDEC_SIMT_COOPERATIVE", 1) != 0;
+  c.cooperative = c.refuse_cooperative || env_flag("SPECDEC_SIMT_COOPERATIVE", true);
   const char* s = std::getenv("SPECDEC_SIMT_SCHEDULE");
   const std::string sched = s ? s : "";
   if (sched.empty() || sched == "inorder") {

@@ -87,6 +87,18 @@ struct Config {
 // random seed as an integer), read at each call.
 Config config_from_env();
 
+// A boolean setting: unset or empty = dflt, "0" / "1", anything else throws naming `name`.
+bool env_flag(const char* name, bool dflt);
+
+// Launches since the library was loaded (the launch layer counts them; tests read them
+// through torch.ops.specdec_simt.launch_counts to see which path a call took).
+struct LaunchCounts {
+  long ordinary = 0;     // launch()
+  long cooperative = 0;  // launch_cooperative() that ran
+  long refused = 0;      // launch_cooperative() that the emulated device refused
+};
+LaunchCounts& launch_counts();
+
 // Runs `kernel` (a call of the kernel function with its arguments) over grid x block
 // threads. cooperative: every block is resident at once (grid.sync() allowed); else
 // the blocks run one after another in the schedule's order. Throws

@@ -41,7 +41,7 @@ from ..ops import kv as _kv
 from ..ops import paged_kv as _paged_kv
 from ..ops import sampling as _sampling
 
-__all__ = ["BUILDS", "SCHEDULES", "build", "kv_append_", "kv_rollback_", "load", "options", "paged_kv_append_",
+__all__ = ["BUILDS", "build", "kv_append_", "kv_rollback_", "load", "options", "paged_kv_append_",
            "paged_kv_gather", "sample", "source_root", "verify"]
 
 #: compiler flags of each build (all: the SIMT macro, the emulated CUDA headers)
@@ -52,9 +52,6 @@ BUILDS = {
     "coverage": ["-O2", "--coverage"],
 }
 _LDFLAGS = {"opt": [], "asan": ["-fsanitize=address,undefined"], "coverage": ["--coverage"]}
-
-#: the schedules every emulated result is checked under (in order, reversed, seeded random)
-SCHEDULES = ("inorder", "reversed", "1", "2", "3")
 
 _SOURCES = ("csrc/simt/simt.cpp", "csrc/simt/kernels_simt.cpp", "csrc/simt/ops_simt.cpp", "csrc/sampling_args.cpp")
 
