@@ -5,12 +5,11 @@
   (:mod:`specdec_ext.testing.simt`) on CPU tensors, on every machine. Every call runs
   under several thread schedules (``SPECDEC_SIMT_SCHEDULES``, default three random
   ones) and fails unless every output, and every tensor the op writes, is bit-identical
-  across them;
-* :class:`CpuBackend`: the CPU kernels (for the test families shared with them).
+  across them.
 
-Tests take them through the ``gpu`` (simt, cuda) and ``backend`` (cpu, simt, cuda)
-fixtures of conftest.py. ``.size(gpu_value, emulated_value)`` picks a problem size: the
-emulator runs every CUDA thread as a fiber, thousands of times slower than a GPU.
+Tests take them through the ``gpu`` fixture of conftest.py (simt, and cuda where there is
+a GPU). ``.size(gpu_value, emulated_value)`` picks a problem size: the emulator runs every
+CUDA thread as a fiber, thousands of times slower than a GPU.
 """
 from __future__ import annotations
 
@@ -72,20 +71,15 @@ class _Backend:
         return simt.options(launch=launch, loads=loads)
 
 
-class CpuBackend(_Backend):
-    name = "cpu"
-    device = "cpu"
+class CudaBackend(_Backend):
+    name = "cuda"
+    device = "cuda"
     verify = staticmethod(specdec_ext.verify)
     sample = staticmethod(specdec_ext.sample)
     kv_append_ = staticmethod(specdec_ext.kv_append_)
     kv_rollback_ = staticmethod(specdec_ext.kv_rollback_)
     paged_kv_append_ = staticmethod(specdec_ext.paged_kv_append_)
     paged_kv_gather = staticmethod(specdec_ext.paged_kv_gather)
-
-
-class CudaBackend(CpuBackend):
-    name = "cuda"
-    device = "cuda"
 
     def sync(self):
         torch.cuda.synchronize()
@@ -147,4 +141,4 @@ class SimtBackend(_Backend):
 
 
 def make(name: str) -> _Backend:
-    return {"cpu": CpuBackend, "cuda": CudaBackend, "simt": SimtBackend}[name]()
+    return {"cuda": CudaBackend, "simt": SimtBackend}[name]()

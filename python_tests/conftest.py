@@ -1,5 +1,5 @@
-"""pytest configuration: the ``cuda`` and ``simt`` markers and the ``device`` / ``variant`` /
-``gpu`` / ``backend`` fixtures.
+"""pytest configuration: the ``cuda``, ``simt`` and ``law`` markers and the ``device`` /
+``variant`` / ``gpu`` fixtures.
 
 Tests marked ``cuda`` need a GPU and a build with the CUDA kernels; they are skipped
 (with the reason) elsewhere. ``pytest -m cuda`` selects exactly them (scripts/gpu_check.sh).
@@ -51,11 +51,4 @@ _CUDA = pytest.param("cuda", marks=pytest.mark.cuda)
 def gpu(request):
     """Where the CUDA kernels run (backends.py): the SIMT emulation on every machine, and
     the GPU where there is one."""
-    return backends.make(request.param)
-
-
-@pytest.fixture(params=["cpu", _SIMT, _CUDA])
-def backend(request):
-    """Every copy of the kernels (backends.py): the CPU kernels, the CUDA kernels emulated,
-    and the CUDA kernels on a GPU where there is one."""
     return backends.make(request.param)
