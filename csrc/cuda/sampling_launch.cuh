@@ -27,9 +27,10 @@
 
 namespace specdec::cuda {
 
-// Returns the device memory of workspace buffer `buffer` (WorkspaceBuffer) of
-// layout.bytes[buffer] bytes (launch_plan.h: carved from one allocation of
-// layout.total() at layout.offset(buffer), or an allocation of its own).
+// Returns the device memory of workspace buffer `buffer` (WorkspaceBuffer): at least
+// layout.used[buffer] bytes (the CUDA launcher carves layout.bytes[buffer] from one
+// allocation of layout.total() at layout.offset(buffer); the SIMT build allocates each
+// buffer on its own, exactly used[buffer] bytes).
 using WorkspaceAllocator = std::function<char*(const WorkspaceLayout& layout, int buffer)>;
 
 // The CUDA element types of the dtype dispatch (core/dtype_dispatch.h).
