@@ -139,9 +139,19 @@ std::string site(const char* file, int line) {
 struct Block;
 struct Run;
 
+// A counted sync point (a block's __syncthreads, the grid's grid.sync()): how many
+// threads wait at it, and the call site the first of them reached.
+struct Gathering {
+  int waiting = 0;
+  const char* file = nullptr;
+  int line = 0;
+  bool other_site(const char* f, int l) const;  // a thread at f:l is at a different call site
+  std::string where() const;
+};
+
 struct Thread {
   ThreadIndex index{};
-  int linear = 0, lane = 0, warp = 0;
+  int lane = 0, warp = 0;
   Block* block = nullptr;
   State state = State::kReady;
   ctx::fiber fiber;  // this thread's continuation while it is not running
@@ -168,9 +178,8 @@ struct Block {
   uint3 idx{};
   std::vector<Thread> threads;
   std::vector<Warp> warps;
-  int live = 0, at_barrier = 0;
-  const char* bar_file = nullptr;
-  int bar_line = 0;
+  int live = 0;
+  Gathering barrier;
   std::unordered_map<const void*, void*> shared;
   ~Block() {
     threads.clear();  // unwinds fibers that did not finish before their shared memory goes
@@ -194,9 +203,8 @@ struct Run {
   Thread* from = nullptr;      // who switched last (nullptr: run_grid; kDying: a finished fiber)
   std::mt19937_64 rng;
   std::string error;
-  int grid_live = 0, grid_arrived = 0;
-  const char* grid_file = nullptr;
-  int grid_line = 0;
+  int grid_live = 0;
+  Gathering grid;
   const void* main_bottom = nullptr;  // the scheduler's stack (ASan annotations)
   std::size_t main_size = 0;
   void* main_fake = nullptr;
@@ -217,6 +225,21 @@ SIMT_HOT void set_state(Thread& t, State s) {
 
 SIMT_HOT bool same_site(const char* f1, int l1, const char* f2, int l2) {
   return l1 == l2 && (f1 == f2 || std::strcmp(f1, f2) == 0);
+}
+
+bool Gathering::other_site(const char* f, int l) const { return waiting > 0 && !same_site(f, l, file, line); }
+std::string Gathering::where() const { return site(file, line); }
+
+// Thread t waits at the sync point g (state s, reached at file:line); returns how many wait.
+SIMT_HOT int join(Gathering& g, Thread& t, State s, const char* file, int line) {
+  if (g.waiting == 0) {
+    g.file = file;
+    g.line = line;
+  }
+  set_state(t, s);
+  t.file = file;
+  t.line = line;
+  return ++g.waiting;
 }
 
 SIMT_HOT Thread& self() {
@@ -427,12 +450,10 @@ void on_exit(Thread& t) {
   set_state(t, State::kDone);
   --b.live;
   --g_run->grid_live;
-  if (b.at_barrier > 0)
-    fail(who(t) + " exited while other threads of its block wait at __syncthreads (" +
-         site(b.bar_file, b.bar_line) + ")");
-  if (g_run->grid_arrived > 0)
-    fail(who(t) + " exited while other threads wait at grid.sync() (" + site(g_run->grid_file, g_run->grid_line) +
-         ")");
+  if (b.barrier.waiting > 0)
+    fail(who(t) + " exited while other threads of its block wait at __syncthreads (" + b.barrier.where() + ")");
+  if (g_run->grid.waiting > 0)
+    fail(who(t) + " exited while other threads wait at grid.sync() (" + g_run->grid.where() + ")");
   if (b.warps[t.warp].arrived) check_not_awaited(t, "exited");
 }
 
@@ -516,21 +537,14 @@ SIMT_HOT const ThreadIndex& current_index() { return self().index; }
   Block& b = *t.block;
   if (b.live < static_cast<int>(b.threads.size())) {
     fail(who(t) + " reached __syncthreads (" + site(file, line) + ") after other threads of its block exited");
-  } else if (b.at_barrier > 0 && !same_site(file, line, b.bar_file, b.bar_line)) {
+  } else if (b.barrier.other_site(file, line)) {
     fail("threads of block " + std::to_string(t.index.block_idx.x) + " reach different barriers: " + who(t) +
-         " at __syncthreads (" + site(file, line) + "), others wait at " + site(b.bar_file, b.bar_line));
+         " at __syncthreads (" + site(file, line) + "), others wait at " + b.barrier.where());
   } else if (b.warps[t.warp].arrived) {
     check_not_awaited(t, "reached __syncthreads (" + site(file, line) + ")");
   }
-  if (b.at_barrier == 0) {
-    b.bar_file = file;
-    b.bar_line = line;
-  }
-  set_state(t, State::kBarrier);
-  t.file = file;
-  t.line = line;
-  if (++b.at_barrier == b.live) {
-    b.at_barrier = 0;
+  if (join(b.barrier, t, State::kBarrier, file, line) == b.live) {
+    b.barrier.waiting = 0;
     begin_release(*g_run);
     for (Thread& o : b.threads)
       if (o.state == State::kBarrier) make_ready(o);
@@ -547,23 +561,16 @@ SIMT_HOT void syncthreads(const char* file, int line) {
   Run& run = *g_run;
   if (!run.cooperative) {
     fail(who(t) + " called grid.sync() (" + site(file, line) + ") in a kernel that was not launched cooperatively");
-  } else if (run.grid_arrived > 0 && !same_site(file, line, run.grid_file, run.grid_line)) {
+  } else if (run.grid.other_site(file, line)) {
     fail("threads reach different grid.sync() calls: " + who(t) + " at " + site(file, line) + ", others at " +
-         site(run.grid_file, run.grid_line));
+         run.grid.where());
   }
   if (t.block->warps[t.warp].arrived) check_not_awaited(t, "reached grid.sync() (" + site(file, line) + ")");
-  if (run.grid_arrived == 0) {
-    run.grid_file = file;
-    run.grid_line = line;
-  }
-  set_state(t, State::kGrid);
-  t.file = file;
-  t.line = line;
-  if (++run.grid_arrived == run.grid_live) {
+  if (join(run.grid, t, State::kGrid, file, line) == run.grid_live) {
     int total = 0;
     for (Block* b : run.blocks) total += static_cast<int>(b->threads.size());
     if (run.grid_live != total) fail("grid.sync() reached after some threads of the grid exited");
-    run.grid_arrived = 0;
+    run.grid.waiting = 0;
     begin_release(run);
     for (Block* b : run.blocks)
       for (Thread& o : b->threads)
@@ -729,7 +736,6 @@ void run_grid(dim3 grid, dim3 block, bool cooperative, const Config& cfg, const 
       for (int i = 0; i < nt; ++i) {
         Thread& t = b->threads[i];
         t.index = ThreadIndex{uint3{static_cast<unsigned>(i), 0u, 0u}, b->idx, dim3(nt), dim3(nb)};
-        t.linear = i;
         t.lane = i & 31;
         t.warp = i >> 5;
         t.block = b.get();
