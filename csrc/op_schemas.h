@@ -59,6 +59,29 @@ inline constexpr const char* kSampleSchema =
     "sample(Tensor logits, Tensor temperature, Tensor seed, Tensor offset, "
     "Tensor(a!)? probs_out, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None) -> Tensor";
 
+// Fused verification of a TREE of drafts (core/tree_params.h: the walk, its random numbers).
+// Shapes: N tree nodes (node 0 = the root, the last committed token), D = depth.
+//   target_logits   [B, N, V] float32|float16|bfloat16: the target's prediction after node n
+//   tree_token_ids  [B, N] int64|int32: node n's token (node 0's entry is not read)
+//   parents         [N] or [B, N] int64|int32: parents[0] = -1, 0 <= parents[n] < n. A CPU
+//                   tensor is checked on the host (ValueError, also for a tree deeper than
+//                   `depth`); on a device a malformed row is an invalid row
+//   draft_probs     [B, N, V] float32|float16|bfloat16: q_n, the law node n's children were drawn
+//                   from (i.i.d.), or None: deterministic children (e.g. the draft's top-k)
+//   temperature, seed, offset, top_k, top_p, min_p: as in verify
+//   depth           D >= the tree's depth, in [0, N - 1]: the outputs' width is D + 1
+// A row is invalid (all outputs -1, num_accepted 0, valid false) for NaN / +inf logits at any
+// node, all -inf logits at a visited node, an unusable temperature or filter value, a node
+// token outside [0, V), a malformed parents row, or a bad draft probability the op reads
+// (q(x) of every tested child, the whole q row at a node where a child is rejected).
+// returns tokens [B, D+1] int64 (accepted tokens, the correction / bonus token, then -1),
+//         path [B, D+1] int64 (0, then the accepted nodes, then -1: the entries whose KV a
+//         cache keeps), num_accepted [B] int64, valid [B] bool
+inline constexpr const char* kVerifyTreeSchema =
+    "verify_tree(Tensor target_logits, Tensor tree_token_ids, Tensor parents, Tensor? draft_probs, "
+    "Tensor temperature, Tensor seed, Tensor offset, int depth, Tensor? top_k=None, Tensor? top_p=None, "
+    "Tensor? min_p=None) -> (Tensor, Tensor, Tensor, Tensor)";
+
 // ---- DEBUG / TEST ONLY: slow scalar references (csrc/cpu/sampling_cpu.cpp, CPU kernels only) ----
 // The readable statement of the algorithm (core/verify_math.h: verify_row_reference,
 // sample_row_reference) run one row at a time, with exactly the argument handling
@@ -135,10 +158,10 @@ inline constexpr const char* kPagedKvGatherIntoSchema =
     "Tensor(a!) keys_out, Tensor(b!) values_out) -> ()";
 
 // Every op, in registration order; kCudaOps: the ops that have a CUDA kernel.
-inline constexpr const char* kAll[] = {kVerifySchema,        kSampleSchema,          kVerifyReferenceSchema,
+inline constexpr const char* kAll[] = {kVerifySchema,        kSampleSchema,          kVerifyTreeSchema,          kVerifyReferenceSchema,
                                        kSampleReferenceSchema, kKvAppendSchema,       kKvRollbackSchema,
                                        kPagedKvAppendSchema,   kPagedKvGatherSchema,  kPagedKvGatherIntoSchema};
-inline constexpr const char* kCudaOps[] = {kVerifySchema,        kSampleSchema,        kKvAppendSchema,
+inline constexpr const char* kCudaOps[] = {kVerifySchema,        kSampleSchema,        kVerifyTreeSchema,        kKvAppendSchema,
                                            kKvRollbackSchema,    kPagedKvAppendSchema, kPagedKvGatherSchema,
                                            kPagedKvGatherIntoSchema};
 

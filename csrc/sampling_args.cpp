@@ -116,6 +116,54 @@ RowFilters row_filters(const SamplingFilters& in, const at::Tensor& ref, int64_t
   return f;
 }
 
+// draft_probs [B, positions, V] (verify: positions = K; verify_tree: N), on the logits'
+// device: its dtype, and ptr / strides of the vocab-contiguous copy kept in `keep`.
+DType draft_probs_arg(const at::Tensor& q, const at::Tensor& logits, int64_t B, int64_t positions,
+                      const char* positions_name, int64_t V, std::vector<at::Tensor>& keep, const void*& ptr,
+                      int64_t& stride_b, int64_t& stride_k) {
+  TORCH_CHECK_VALUE(q.dim() == 3, "draft_probs must be [B, ", positions_name, ", V], got shape ", q.sizes());
+  const DType dtype = float_dtype(q, "draft_probs");
+  TORCH_CHECK_VALUE(q.size(0) == B, "draft_probs has batch size ", q.size(0), " but target_logits has ", B);
+  TORCH_CHECK_VALUE(q.size(1) == positions, "draft_probs has ", positions_name, " = ", q.size(1),
+                    " but target_logits implies ", positions_name, " = ", positions);
+  TORCH_CHECK_VALUE(q.size(2) == V, "draft_probs has vocabulary size ", q.size(2), " but target_logits has ", V);
+  check_device(q, logits, "draft_probs", "target_logits");
+  at::Tensor qc = unit_stride_last(q);
+  keep.push_back(qc);
+  ptr = qc.const_data_ptr();
+  stride_b = qc.stride(0);
+  stride_k = qc.stride(1);
+  return dtype;
+}
+
+// parents [N] or [B, N] of verify_tree, int64 (int32 accepted), on the logits' device or
+// the CPU (copied). A host-checked tensor must describe trees of depth <= `depth`.
+void tree_parents_arg(const at::Tensor& parents, const at::Tensor& logits, int64_t B, int64_t N, int64_t depth,
+                      HostChecks checks, TreeVerifyParams& P, std::vector<at::Tensor>& keep) {
+  TORCH_CHECK_TYPE(args::is_index_dtype(parents), "parents must be an int64 or int32 tensor, got ",
+                   parents.scalar_type());
+  TORCH_CHECK_VALUE((parents.dim() == 1 && parents.size(0) == N) ||
+                        (parents.dim() == 2 && parents.size(0) == B && parents.size(1) == N),
+                    "parents must be [N] = [", N, "] or [B, N] = [", B, ", ", N, "], got shape ", parents.sizes());
+  args::check_device_or_host(parents, logits, "parents", "target_logits");
+  if (host_checked(parents, checks)) {
+    const std::vector<int64_t> all = host_values<int64_t>(parents);
+    for (size_t r = 0; r < all.size(); r += static_cast<size_t>(N)) {
+      const int64_t* row = all.data() + r;
+      for (int64_t n = 0; n < N; ++n) {
+        TORCH_CHECK_VALUE(valid_parent(row, n), "parents must hold -1 for the root (node 0) and a smaller node index ",
+                          "for every other node, got parents[", n, "] = ", row[n]);
+        TORCH_CHECK_VALUE(node_depth(row, n) <= depth, "parents describe a tree deeper than depth = ", depth,
+                          " (node ", n, " has depth ", node_depth(row, n), ")");
+      }
+    }
+  }
+  at::Tensor c = parents.to(logits.device(), at::kLong, /*non_blocking=*/true).contiguous();
+  keep.push_back(c);
+  P.parents = c.const_data_ptr<int64_t>();
+  P.parents_stride_b = c.dim() == 2 ? N : 0;
+}
+
 }  // namespace
 
 VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
@@ -150,22 +198,9 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
   P.B = B;
   P.K = K;
   P.V = V;
-  if (draft_probs.has_value()) {
-    const at::Tensor& q = *draft_probs;
-    TORCH_CHECK_VALUE(q.dim() == 3, "draft_probs must be [B, K, V], got shape ", q.sizes());
-    L.probs_dtype = float_dtype(q, "draft_probs");
-    TORCH_CHECK_VALUE(q.size(0) == B, "draft_probs has batch size ", q.size(0), " but target_logits has ", B);
-    TORCH_CHECK_VALUE(q.size(1) == K, "draft_probs has K = ", q.size(1), " but target_logits holds K+1 = ", K + 1,
-                      " positions");
-    TORCH_CHECK_VALUE(q.size(2) == V, "draft_probs has vocabulary size ", q.size(2), " but target_logits has ",
-                      V);
-    check_device(q, target_logits, "draft_probs", "target_logits");
-    at::Tensor qc = unit_stride_last(q);
-    L.keep_alive.push_back(qc);
-    P.draft_probs = qc.const_data_ptr();
-    P.probs_stride_b = qc.stride(0);
-    P.probs_stride_k = qc.stride(1);
-  }
+  if (draft_probs.has_value())
+    L.probs_dtype = draft_probs_arg(*draft_probs, target_logits, B, K, "K", V, L.keep_alive, P.draft_probs,
+                                    P.probs_stride_b, P.probs_stride_k);
   P.temperature = per_row_temperature(temperature, target_logits, B, L.keep_alive);
   P.rnd = randomness(seed, offset, target_logits, B, L.keep_alive);
   P.filters = row_filters(filters, target_logits, B, V, L.keep_alive, checks);
@@ -189,6 +224,58 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
   L.num_accepted = at::empty({B}, long_opts);
   L.valid = at::empty({B}, target_logits.options().dtype(at::kBool));
   P.tokens = L.tokens.mutable_data_ptr<int64_t>();
+  P.num_accepted = L.num_accepted.mutable_data_ptr<int64_t>();
+  P.valid = L.valid.mutable_data_ptr<bool>();
+  return L;
+}
+
+TreeVerifyLaunch prepare_verify_tree(const at::Tensor& target_logits, const at::Tensor& tree_token_ids,
+                                     const at::Tensor& parents, const std::optional<at::Tensor>& draft_probs,
+                                     const at::Tensor& temperature, const at::Tensor& seed,
+                                     const at::Tensor& offset, int64_t depth, const SamplingFilters& filters,
+                                     HostChecks checks) {
+  TreeVerifyLaunch L;
+  TreeVerifyParams& P = L.params;
+  TORCH_CHECK_VALUE(target_logits.dim() == 3, "target_logits must be [B, N, V], got shape ", target_logits.sizes());
+  L.logits_dtype = float_dtype(target_logits, "target_logits");
+  const int64_t B = target_logits.size(0), N = target_logits.size(1), V = target_logits.size(2);
+  TORCH_CHECK_VALUE(N >= 1, "target_logits must be [B, N, V] with N >= 1 tree nodes, got shape ",
+                    target_logits.sizes());
+  TORCH_CHECK_VALUE(V >= 1, "target_logits must have a vocabulary size V >= 1, got shape ", target_logits.sizes());
+  TORCH_CHECK_VALUE(N <= kMaxPositions, "N must be <= 2^24, got ", N);
+  TORCH_CHECK_VALUE(depth >= 0 && depth < N, "depth must be in [0, N - 1 = ", N - 1, "], got ", depth);
+  TORCH_CHECK_VALUE(tree_token_ids.dim() == 2 && tree_token_ids.size(0) == B && tree_token_ids.size(1) == N,
+                    "tree_token_ids must be [B, N] = [", B, ", ", N, "], got shape ", tree_token_ids.sizes());
+  TORCH_CHECK_TYPE(args::is_index_dtype(tree_token_ids), "tree_token_ids must be int64 or int32, got ",
+                   tree_token_ids.scalar_type());
+  check_device(tree_token_ids, target_logits, "tree_token_ids", "target_logits");
+
+  at::Tensor logits = unit_stride_last(target_logits);
+  at::Tensor ids = tree_token_ids.to(at::kLong).contiguous();
+  L.keep_alive = {logits, ids};
+  P.logits = logits.const_data_ptr();
+  P.logits_stride_b = logits.stride(0);
+  P.logits_stride_n = logits.stride(1);
+  P.token_ids = ids.const_data_ptr<int64_t>();
+  P.B = B;
+  P.N = N;
+  P.V = V;
+  P.depth = depth;
+  tree_parents_arg(parents, target_logits, B, N, depth, checks, P, L.keep_alive);
+  if (draft_probs.has_value())
+    L.probs_dtype = draft_probs_arg(*draft_probs, target_logits, B, N, "N", V, L.keep_alive, P.draft_probs,
+                                    P.probs_stride_b, P.probs_stride_n);
+  P.temperature = per_row_temperature(temperature, target_logits, B, L.keep_alive);
+  P.rnd = randomness(seed, offset, target_logits, B, L.keep_alive);
+  P.filters = row_filters(filters, target_logits, B, V, L.keep_alive, checks);
+
+  const auto long_opts = target_logits.options().dtype(at::kLong);
+  L.tokens = at::empty({B, depth + 1}, long_opts);
+  L.path = at::empty({B, depth + 1}, long_opts);
+  L.num_accepted = at::empty({B}, long_opts);
+  L.valid = at::empty({B}, target_logits.options().dtype(at::kBool));
+  P.tokens = L.tokens.mutable_data_ptr<int64_t>();
+  P.path = L.path.mutable_data_ptr<int64_t>();
   P.num_accepted = L.num_accepted.mutable_data_ptr<int64_t>();
   P.valid = L.valid.mutable_data_ptr<bool>();
   return L;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/sampling_params.h"
+#include "core/tree_params.h"
 
 namespace specdec {
 
@@ -43,6 +44,23 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
                             const at::Tensor& offset, const SamplingFilters& filters,
                             const std::optional<at::Tensor>& num_drafts, bool coupled,
                             HostChecks checks = HostChecks::kCpuTensors);
+
+struct TreeVerifyLaunch {
+  TreeVerifyParams params;
+  DType logits_dtype = DType::kFloat32;
+  DType probs_dtype = DType::kFloat32;
+  at::Tensor tokens, path, num_accepted, valid;  // outputs
+  std::vector<at::Tensor> keep_alive;
+};
+
+// verify_tree's arguments (op_schemas.h). parents [N] or [B, N]: a tensor the host
+// checks (HostChecks) must describe a tree of depth <= `depth` (ValueError); on a
+// device a malformed row is an invalid row.
+TreeVerifyLaunch prepare_verify_tree(const at::Tensor& target_logits, const at::Tensor& tree_token_ids,
+                                     const at::Tensor& parents, const std::optional<at::Tensor>& draft_probs,
+                                     const at::Tensor& temperature, const at::Tensor& seed,
+                                     const at::Tensor& offset, int64_t depth, const SamplingFilters& filters,
+                                     HostChecks checks = HostChecks::kCpuTensors);
 
 SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperature,
                             const at::Tensor& seed, const at::Tensor& offset,

@@ -24,7 +24,7 @@ import specdec_ext
 SIMT_SCHEDULES = tuple(os.environ.get("SPECDEC_SIMT_SCHEDULES", "1,2,3").split(","))
 
 # the arguments each op writes (restored before each schedule, compared after)
-_MUTATED = {"verify": (), "sample": ("probs_out",), "kv_append_": ("key_cache", "value_cache", "overflow"),
+_MUTATED = {"verify": (), "sample": ("probs_out",), "verify_tree": (), "kv_append_": ("key_cache", "value_cache", "overflow"),
             "kv_rollback_": ("lengths", "invalid"), "paged_kv_append_": ("key_cache", "value_cache", "invalid"),
             "paged_kv_gather": ("out",)}
 
@@ -76,6 +76,7 @@ class CudaBackend(_Backend):
     device = "cuda"
     verify = staticmethod(specdec_ext.verify)
     sample = staticmethod(specdec_ext.sample)
+    verify_tree = staticmethod(specdec_ext.verify_tree)
     kv_append_ = staticmethod(specdec_ext.kv_append_)
     kv_rollback_ = staticmethod(specdec_ext.kv_rollback_)
     paged_kv_append_ = staticmethod(specdec_ext.paged_kv_append_)

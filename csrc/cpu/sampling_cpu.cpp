@@ -57,6 +57,19 @@ at::Tensor sample_cpu(const at::Tensor& logits, const at::Tensor& temperature, c
   return L.tokens;
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu(
+    const at::Tensor& target_logits, const at::Tensor& tree_token_ids, const at::Tensor& parents,
+    const OptTensor& draft_probs, const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset,
+    int64_t depth, const OptTensor& top_k, const OptTensor& top_p, const OptTensor& min_p) {
+  TreeVerifyLaunch L = prepare_verify_tree(target_logits, tree_token_ids, parents, draft_probs, temperature, seed,
+                                           offset, depth, SamplingFilters{top_k, top_p, min_p});
+  if (L.params.B > 0) {
+    if (use_avx2()) cpu::verify_tree_avx2(L.params, L.logits_dtype, L.probs_dtype);
+    else cpu::verify_tree_default(L.params, L.logits_dtype, L.probs_dtype);
+  }
+  return {L.tokens, L.path, L.num_accepted, L.valid};
+}
+
 // n elements of a row as float.
 template <typename T>
 void row_as_float(const T* src, int64_t n, float* dst) {
@@ -129,6 +142,7 @@ std::tuple<at::Tensor, at::Tensor> sample_reference_cpu(const at::Tensor& logits
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("verify", &verify_cpu);
   m.impl("sample", &sample_cpu);
+  m.impl("verify_tree", &verify_tree_cpu);
   m.impl("verify_reference", &verify_reference_cpu);
   m.impl("sample_reference", &sample_reference_cpu);
 }

@@ -2,9 +2,11 @@
 #define CPU_CAPABILITY DEFAULT
 #define CPU_CAPABILITY_DEFAULT
 #include "sampling_kernels.h"
+#include "tree_kernels.h"
 #include "sampling_kernels_entry.h"
 
 namespace specdec::cpu {
 void verify_default(const VerifyParams& P, DType tl, DType tq) { DEFAULT::verify(P, tl, tq); }
 void sample_default(const SampleParams& P, DType tl) { DEFAULT::sample(P, tl); }
+void verify_tree_default(const TreeVerifyParams& P, DType tl, DType tq) { DEFAULT::verify_tree(P, tl, tq); }
 }  // namespace specdec::cpu

@@ -5,6 +5,7 @@
 #include <c10/util/Half.h>
 
 #include "../core/sampling_params.h"
+#include "../core/tree_params.h"
 
 namespace specdec::cpu {
 struct CpuTypes {
@@ -17,5 +18,7 @@ void verify_default(const VerifyParams& P, DType logits_dtype, DType probs_dtype
 void sample_default(const SampleParams& P, DType logits_dtype);
 void verify_avx2(const VerifyParams& P, DType logits_dtype, DType probs_dtype);
 void sample_avx2(const SampleParams& P, DType logits_dtype);
+void verify_tree_default(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
+void verify_tree_avx2(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
 bool avx2_compiled();  // false on non-x86 builds, where *_avx2 is the default code
 }  // namespace specdec::cpu

@@ -66,11 +66,12 @@ inline bool vector_ok(const void* base, int64_t elem, int64_t V, int64_t stride_
 }
 
 // ---- the workspace of the staged kernels (Ws: sampling_kernels.cuh's Workspace) ------------------------------------------
-// Five sub-buffers (bytes, each a multiple of 256); a zero-sized one is not used (its
+// Sub-buffers (bytes, each a multiple of 256); a zero-sized one is not used (its
 // Workspace pointer stays null). The real launcher carves them out of one
 // allocation at the running offsets; the SIMT build allocates each on its own, so
 // that AddressSanitizer sees an overrun from one into the next.
-enum WorkspaceBuffer : int { kWsStats = 0, kWsRace, kWsRows, kWsCutoff, kWsCoupled, kWsBuffers };
+// kWsResidual: verify_tree's residual rows (plan_tree), unused by the staged kernels.
+enum WorkspaceBuffer : int { kWsStats = 0, kWsRace, kWsRows, kWsCutoff, kWsCoupled, kWsResidual, kWsBuffers };
 struct WorkspaceLayout {
   int64_t bytes[kWsBuffers] = {};  // each rounded up to a multiple of 256 (the real launcher's offsets)
   int64_t used[kWsBuffers] = {};   // what the kernels may touch (the SIMT build allocates exactly this)
@@ -144,6 +145,24 @@ StagePlan plan_stages(int64_t rows, int64_t race_rows, int64_t V, const DeviceIn
   p.grid[2] = (race_rows + warps - 1) / warps;
   p.coop_grid = std::min(max_grid, std::max({p.grid[0], p.grid[1], p.grid[2]}));
   p.cooperative = dev.blocks_per_sm > 0 && path == LaunchPath::kCooperative;
+  return p;
+}
+
+// verify_tree (tree_kernels.cuh): one block per row, grid-stride over rows, at most the
+// resident blocks; each block owns two residual rows of V floats; a filter cutoff per
+// (row, node) when a filter was given.
+struct TreePlan {
+  int64_t grid = 1;
+  WorkspaceLayout workspace;
+};
+inline TreePlan plan_tree(int64_t B, int64_t N, int64_t V, const DeviceInfo& dev, bool filters) {
+  TreePlan p;
+  const int64_t max_grid = static_cast<int64_t>(std::max(dev.blocks_per_sm, 1)) * std::max(dev.sms, 1);
+  p.grid = std::max<int64_t>(1, std::min(B, max_grid));
+  WorkspaceLayout& L = p.workspace;
+  L.used[kWsCutoff] = filters ? B * N * static_cast<int64_t>(sizeof(float)) : 0;
+  L.used[kWsResidual] = p.grid * 2 * V * static_cast<int64_t>(sizeof(float));
+  for (int k = 0; k < kWsBuffers; ++k) L.bytes[k] = (L.used[k] + 255) / 256 * 256;
   return p;
 }
 

@@ -1,4 +1,4 @@
-// CUDA launchers of specdec::verify and specdec::sample: the torch side only.
+// CUDA launchers of specdec::verify, specdec::sample and specdec::verify_tree: the torch side only.
 // Shared argument handling (sampling_args.cpp), the stream, and one workspace
 // tensor from torch's caching allocator (kept alive until the launches are queued:
 // the allocator orders its reuse on the stream); the launches themselves are
@@ -15,6 +15,7 @@
 
 #include "../sampling_args.h"
 #include "sampling_launch.cuh"
+#include "tree_launch.cuh"
 
 namespace specdec::cuda {
 namespace {
@@ -60,11 +61,27 @@ at::Tensor sample_cuda(const at::Tensor& logits, const at::Tensor& temperature, 
   return L.tokens;
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(
+    const at::Tensor& target_logits, const at::Tensor& tree_token_ids, const at::Tensor& parents,
+    const OptTensor& draft_probs, const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset,
+    int64_t depth, const OptTensor& top_k, const OptTensor& top_p, const OptTensor& min_p) {
+  const c10::cuda::CUDAGuard guard(target_logits.device());
+  TreeVerifyLaunch L = prepare_verify_tree(target_logits, tree_token_ids, parents, draft_probs, temperature, seed,
+                                           offset, depth, SamplingFilters{top_k, top_p, min_p});
+  if (L.params.B > 0) {
+    at::Tensor ws;
+    launch_verify_tree(L.params, L.logits_dtype, L.probs_dtype, target_logits.get_device(),
+                       current_stream(target_logits), one_tensor_workspace(target_logits, ws));
+  }
+  return {L.tokens, L.path, L.num_accepted, L.valid};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("verify", &verify_cuda);
   m.impl("sample", &sample_cuda);
+  m.impl("verify_tree", &verify_tree_cuda);
 }
 
 }  // namespace specdec::cuda

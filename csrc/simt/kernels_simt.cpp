@@ -18,6 +18,7 @@
 
 #include "../cuda/kv_launch.cuh"
 #include "../cuda/sampling_launch.cuh"
+#include "../cuda/tree_launch.cuh"
 
 namespace specdec::simt_ops {
 namespace {
@@ -50,6 +51,11 @@ void verify(const VerifyParams& P, DType logits_dtype, DType probs_dtype) {
 void sample(const SampleParams& P, DType logits_dtype) {
   SeparateBuffers ws;
   cuda::launch_sample(P, logits_dtype, 0, nullptr, ws.allocator());
+}
+
+void verify_tree(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype) {
+  SeparateBuffers ws;
+  cuda::launch_verify_tree(P, logits_dtype, probs_dtype, 0, nullptr, ws.allocator());
 }
 
 void kv_append(const KVAppendParams& P) { cuda::launch_kv_append(P, nullptr); }

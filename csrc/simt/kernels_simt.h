@@ -7,6 +7,7 @@
 
 #include "../core/kv_cache.h"
 #include "../core/sampling_params.h"
+#include "../core/tree_params.h"
 
 namespace specdec::simt_ops {
 
@@ -14,6 +15,8 @@ namespace specdec::simt_ops {
 // are separate heap allocations (an overrun from one into the next is an overrun).
 void verify(const VerifyParams& P, DType logits_dtype, DType probs_dtype);
 void sample(const SampleParams& P, DType logits_dtype);
+// tree_launch.cuh: launch_verify_tree (P.B > 0)
+void verify_tree(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
 
 // kv_launch.cuh
 void kv_append(const KVAppendParams& P);

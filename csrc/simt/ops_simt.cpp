@@ -48,6 +48,22 @@ at::Tensor sample_simt(const at::Tensor& logits, const at::Tensor& temperature, 
   return L.tokens;
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree_simt(
+    const at::Tensor& target_logits, const at::Tensor& tree_token_ids, const at::Tensor& parents,
+    const OptTensor& draft_probs, const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset,
+    int64_t depth, const OptTensor& top_k, const OptTensor& top_p, const OptTensor& min_p) {
+  TreeVerifyLaunch L = prepare_verify_tree(target_logits, tree_token_ids, parents, draft_probs, temperature, seed,
+                                           offset, depth, SamplingFilters{top_k, top_p, min_p},
+                                           HostChecks::kScalarsOnly);
+  if (L.params.B > 0) {
+    L.tokens.fill_(kUnwritten);
+    L.path.fill_(kUnwritten);
+    L.num_accepted.fill_(kUnwritten);
+    verify_tree(L.params, L.logits_dtype, L.probs_dtype);
+  }
+  return {L.tokens, L.path, L.num_accepted, L.valid};
+}
+
 void kv_append_simt(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& new_k, const at::Tensor& new_v,
                     const at::Tensor& lengths, const OptTensor& overflow) {
   kv_append(kv::prepare_kv_append(key_cache, value_cache, new_k, new_v, lengths, overflow).p);
@@ -90,6 +106,7 @@ TORCH_LIBRARY_IMPL(specdec_simt, CPU, m) {
   using namespace specdec::simt_ops;
   m.impl("verify", &verify_simt);
   m.impl("sample", &sample_simt);
+  m.impl("verify_tree", &verify_tree_simt);
   m.impl("kv_append_", &kv_append_simt);
   m.impl("kv_rollback_", &kv_rollback_simt);
   m.impl("paged_kv_append_", &paged_kv_append_simt);

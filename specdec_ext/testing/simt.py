@@ -40,9 +40,10 @@ import torch
 from ..ops import kv as _kv
 from ..ops import paged_kv as _paged_kv
 from ..ops import sampling as _sampling
+from ..ops import tree as _tree
 
 __all__ = ["BUILDS", "build", "kv_append_", "kv_rollback_", "load", "options", "paged_kv_append_",
-           "paged_kv_gather", "sample", "source_root", "verify"]
+           "paged_kv_gather", "sample", "source_root", "verify", "verify_tree"]
 
 #: compiler flags of each build (all: the SIMT macro, the emulated CUDA headers)
 BUILDS = {
@@ -133,6 +134,7 @@ def _on_simt(wrapper):
 
 verify = _on_simt(_sampling.verify)
 sample = _on_simt(_sampling.sample)
+verify_tree = _on_simt(_tree.verify_tree)
 kv_append_ = _on_simt(_kv.kv_append_)
 kv_rollback_ = _on_simt(_kv.kv_rollback_)
 paged_kv_append_ = _on_simt(_paged_kv.paged_kv_append_)
