@@ -7,7 +7,11 @@ measures and prints figures; pass/fail lives here).
     python benchmarks/check_targets.py verify.json e2e.json
 
 Prints one line per target (MET / NOT MET with the measured value); exits 0 either way
-(targets are goals to report, not tests).
+(targets are goals to report, not tests). A run timed on a busy machine is not judged:
+when any row (or the file's ``machine`` record) shows a 1-minute load average above the
+core count (``load_1min`` > ``cpu_count``, written by the benchmarks), the file gets one
+"refused: machine busy (load X > N cores)" line and its targets print as REFUSED, neither
+MET nor NOT MET. Older JSON without these keys is judged, with a note.
 """
 import json
 import os
@@ -129,16 +133,45 @@ def hf_model_targets(rows, dev, T):
     return out
 
 
+def load_records(data):
+    """Every (load_1min, cpu_count) the run recorded: each row's and the file's ``machine``."""
+    recs = list(data["rows"]) + [data.get("machine") or {}]
+    return [(r["load_1min"], r["cpu_count"]) for r in recs
+            if r.get("load_1min") is not None and r.get("cpu_count")]
+
+
+def busy_reason(data):
+    """'machine busy (load X > N cores)' when any timing of the run saw more runnable work
+    than cores (other work competed with it, so its times are not the op's), else None."""
+    over = [(load, cores) for load, cores in load_records(data) if load > cores]
+    if not over:
+        return None
+    load, cores = max(over, key=lambda lc: lc[0] / lc[1])
+    return f"machine busy (load {load:.2f} > {cores} cores)"
+
+
+def judge(path, data):
+    """The lines printed for one benchmark JSON."""
+    rows = data["rows"]
+    kind = "e2e" if rows and "method" in rows[0] else "verify"
+    targets = (e2e_targets if kind == "e2e" else verify_targets)(rows)
+    busy = busy_reason(data)
+    if busy:
+        return ([f"{path}: refused: {busy}: no target judged (rerun on an idle machine)"]
+                + [f"target REFUSED {name}: {val} (not judged: {busy})" for name, _, val in targets])
+    note = [] if load_records(data) else [f"{path}: load not recorded (older JSON): judged anyway"]
+    return note + [f"target {'MET    ' if ok else 'NOT MET'} {name}: {val}" for name, ok, val in targets]
+
+
 def main(paths):
     for path in paths:
         if not os.path.exists(path):  # a benchmark step that failed or timed out wrote nothing
             print(f"no results: {path}")
             continue
         with open(path) as f:
-            rows = json.load(f)["rows"]
-        kind = "e2e" if rows and "method" in rows[0] else "verify"
-        for name, ok, val in (e2e_targets if kind == "e2e" else verify_targets)(rows):
-            print(f"target {'MET    ' if ok else 'NOT MET'} {name}: {val}")
+            data = json.load(f)
+        for line in judge(path, data):
+            print(line)
     return 0
 
 

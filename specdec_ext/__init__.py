@@ -17,7 +17,7 @@ Layers, bottom up (each package documents its modules):
 """
 import torch  # noqa: F401  (must come first: _C links against libtorch)
 
-from . import _C  # noqa: F401  (loads the library: registers torch.ops.specdec.*)
+from ._load import _C  # noqa: F401  (loads the library: registers torch.ops.specdec.*; says why when it cannot)
 from .cache import (Allocation, BlockManager, KVCache, PagedKVCache, spec_attention_mask,
                     spec_attention_mask_bool)
 from .engine import GenerationOutput, RowStats, SpecDecMetrics, SpeculativeEngine

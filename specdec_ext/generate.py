@@ -10,27 +10,54 @@ transformers with --hf). Generation stops at the model's end-of-text token (the 
 pair's <|endoftext|>, or config.json's eos_token_id; --eos-id overrides, --ignore-eos
 disables). Prints the continuation (text when a tokenizer is known, else ids) and a
 summary line: acceptance rate, tokens per step, tokens/s and the speedup over
-target-only decoding of the same prompt (skip that run with --no-baseline).
+target-only decoding of the same prompt: after a warm-up, --rounds speculative and
+target-only runs are timed interleaved and the median speedup is printed with its
+min-max (skip the target-only runs with --no-baseline: one timed run). With --drafter
+ngram (the default) no draft model is used, so --target DIR alone is enough.
 --top-k / --top-p / --min-p filter the sampling law (Hugging Face's warper order; ignored
 when greedy); --coupled keys every token by (seed, position) so the text equals target-only
 sampling with the same --seed, whatever K or the drafter. --metrics-port serves Prometheus
 metrics while it runs.
 
-Arguments are checked before any model is loaded; a bad one is a one-line error.
+Arguments are checked before any model is loaded, and a prompt too long for the
+model(s) before any is run; a bad one is a one-line error (exit code 2).
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import socket
+import statistics
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
 
 import torch
 
 from ._validate import check_filter, check_temperature
+from .bench.timing import busy_reason, machine_load
 from .engine import SpecDecMetrics, SpeculativeEngine
+from .errors import CacheFullError, OutOfBlocksError
+
+PROG = "python -m specdec_ext.generate"
+DEFAULT_ROUNDS = 3
+
+EPILOG = """\
+the summary line:
+  acceptance   share of the drafted tokens that the target accepted
+  alpha        estimated probability that the target accepts one draft token (Leviathan et al.'s
+               alpha): accepted / (accepted + rejected); drafts after a rejection are never
+               tested, so alpha >= acceptance. Speculation pays off when alpha is high.
+  tokens/step  tokens emitted per target forward (the accepted drafts + 1)
+  tokens/s     median over the timed rounds
+  speedup      median over --rounds rounds of speculative tokens/s / target-only tokens/s, the
+               two runs of a round timed back to back after a warm-up, then (min-max over N rounds)
+  load         the 1-minute load average and the core count; when the load exceeds the cores,
+               other work competed for the CPU and a warning says the timings are unreliable
+"""
 
 
 def load_model(path: str, device: str, dtype: torch.dtype, hf: bool):
@@ -78,6 +105,18 @@ def _filter(name: str, parse):
     return check
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The module docstring and epilog as written, and each option's default in its help
+    (unless the help already says it, or there is none: None / a flag)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if unset or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (no usage block): ``prog: error: ... (see --help)``."""
 
@@ -86,18 +125,23 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python -m specdec_ext.generate", description=__doc__,
-                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(prog=PROG, description=__doc__, epilog=EPILOG, formatter_class=_HelpFormatter)
     ap.add_argument("--target", help="target checkpoint directory (default: the bundled pair)")
-    ap.add_argument("--draft", help="draft checkpoint directory (default: the bundled pair)")
+    ap.add_argument("--draft", help="draft checkpoint directory (default: the bundled pair's draft; "
+                                    "needed with --target unless --drafter ngram)")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (bundled pair's tokenizer, or DIR/tokenizer.json)")
     src.add_argument("--prompt-ids", type=_int_at_least(0), nargs="+", help="prompt token ids")
-    ap.add_argument("--max-new-tokens", type=_int_at_least(0), default=128)
-    ap.add_argument("--no-baseline", action="store_true", help="skip the target-only run (no speedup figure)")
+    ap.add_argument("--max-new-tokens", type=_int_at_least(0), default=128, help="tokens to generate at most")
+    ap.add_argument("--no-baseline", action="store_true",
+                    help="skip the target-only runs: one timed speculative run, no speedup figure")
+    ap.add_argument("--rounds", type=_int_at_least(1), default=None,
+                    help=f"timed rounds, each one speculative and one target-only run, interleaved; the "
+                         f"summary gives the median speedup and its spread (default: {DEFAULT_ROUNDS})")
     ap.add_argument("--k", type=_int_at_least(0), default=5, help="drafts per step (the maximum when adapting)")
     ap.add_argument("--adaptive", nargs="?", const="cost", default="cost", choices=["cost", "threshold"],
-                    help="adapt K in [0, k] (default: the cost model; 'threshold' = the simple rule)")
+                    help="adapt K in [0, k] by the expected speedup from alpha and the measured step costs "
+                         "(default: cost), or by 'threshold' (the simple rule)")
     ap.add_argument("--fixed-k", action="store_true", help="always draft exactly --k tokens (no adaptation)")
     ap.add_argument("--drafter", choices=["model", "ngram", "hybrid"], default="ngram",
                     help="where drafts come from: the draft model, prompt lookup (n-gram) in the prompt and "
@@ -111,38 +155,98 @@ def build_parser() -> argparse.ArgumentParser:
                     help="keep tokens with p >= min_p * max p, in [0, 1) (0 = off)")
     ap.add_argument("--coupled", action="store_true",
                     help="coupled verification: the text equals target-only sampling with the same --seed")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed (the same seed gives the same text)")
     ap.add_argument("--eos-id", type=_int_at_least(0), default=None, help="end-of-text id (default: the model's)")
     ap.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-text")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--hf", action="store_true", help="load with transformers instead of the reference model")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="cuda when a GPU is visible, else cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="the models' dtype")
+    ap.add_argument("--hf", action="store_true",
+                    help="load with transformers instead of the reference model (pip install 'specdec_ext[hf]')")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the decode steps of both models (reference model, with its weights frozen "
                          "into the graphs, or --hf on the batched HF path; the first steps compile for seconds)")
     ap.add_argument("--metrics-port", type=_int_at_least(0), default=None,
                     help="serve /metrics on this port while running")
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     return ap
 
 
-def _target_config(args) -> dict:
+def _model_dir(args, which: str) -> str:
+    """The checkpoint directory of the 'target' or 'draft' (the bundled pair's by default)."""
     from . import bundled
 
-    path = os.path.join(args.target or bundled.pair_dir("target"), "config.json")
-    with open(path) as f:
+    return getattr(args, which) or bundled.pair_dir(which)
+
+
+def _config(args, which: str) -> dict:
+    with open(os.path.join(_model_dir(args, which), "config.json")) as f:
         return json.load(f)
 
 
+def _target_config(args) -> dict:
+    return _config(args, "target")
+
+
+def _uses_draft_model(args) -> bool:
+    """The n-gram drafter drafts from the prompt and output: no draft model is loaded."""
+    return args.drafter != "ngram"
+
+
+def _check_pair(ap: argparse.ArgumentParser, args) -> None:
+    """--target / --draft: the bundled pair, or a target with a draft when one is used."""
+    if args.draft is not None and args.target is None:
+        ap.error("--draft needs --target (without both, the bundled pair is used)")
+    if args.target is not None and args.draft is None and _uses_draft_model(args):
+        ap.error(f"--drafter {args.drafter} needs --draft DIR (or --drafter ngram, which needs no draft model)")
+
+
+def _check_transformers(ap: argparse.ArgumentParser, args) -> None:
+    """--hf loads through transformers, an optional dependency (the [hf] extra)."""
+    if not args.hf:
+        return
+    try:
+        importlib.import_module("transformers")
+    except ImportError as e:
+        ap.error(f"--hf needs the transformers package ({e}): pip install 'specdec_ext[hf]' "
+                 f"(or pip install transformers)")
+
+
+def fits_message(prompt_len: int, max_new_tokens: int, capacities) -> Optional[str]:
+    """None when a prompt of ``prompt_len`` tokens plus ``max_new_tokens`` fits every model,
+    else the one-line reason. capacities: [(name, max positions or None)]. A run needs
+    prompt + max_new_tokens - 1 positions (the last emitted token is never fed back)."""
+    if max_new_tokens == 0:
+        return None
+    need = prompt_len + max_new_tokens - 1
+    for name, cap in capacities:
+        if cap is not None and need > cap:
+            fix = (f"use --max-new-tokens {cap - prompt_len + 1} or less" if prompt_len <= cap
+                   else f"shorten the prompt to at most {cap} tokens")
+            return (f"the prompt is {prompt_len} tokens: with --max-new-tokens {max_new_tokens} the {name} model "
+                    f"needs {need} positions but holds {cap}; {fix}")
+    return None
+
+
+def _config_capacities(args) -> List[Tuple[str, Optional[int]]]:
+    """(name, config.json's max_position_embeddings) of each model the run loads."""
+    names = ["target"] + (["draft"] if _uses_draft_model(args) else [])
+    return [(n, _config(args, n).get("max_position_embeddings")) for n in names]
+
+
 def check_args(ap: argparse.ArgumentParser, args) -> dict:
-    """Everything that can be checked before loading a model (``ap.error`` on a problem).
-    Returns the target's config.json."""
-    if (args.target is None) != (args.draft is None):
-        ap.error("give both --target and --draft, or neither (the bundled pair)")
+    """Everything that can be checked before loading a model (``ap.error`` on a problem),
+    the prompt's length against the models' capacity included. Returns the target's
+    config.json."""
+    _check_pair(ap, args)
+    if args.rounds is not None and args.no_baseline:
+        ap.error("--rounds times speculative against target-only runs; --no-baseline skips those (one timed run)")
     for name in ("target", "draft"):
         d = getattr(args, name)
         if d is not None and not os.path.isfile(os.path.join(d, "config.json")):
             ap.error(f"--{name} {d}: not a checkpoint directory (no config.json there)")
+    _check_transformers(ap, args)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: no CUDA device is available")
     cfg = _target_config(args)
@@ -155,6 +259,12 @@ def check_args(ap: argparse.ArgumentParser, args) -> dict:
         ap.error(f"--prompt needs a tokenizer: {_tokenizer_path(args)} not found (use --prompt-ids)")
     if args.prompt is not None and not args.prompt:
         ap.error("--prompt is empty")
+    prompt_ids = encode_prompt(args)[1]
+    if not prompt_ids:
+        ap.error("--prompt encodes to no tokens")
+    problem = fits_message(len(prompt_ids), args.max_new_tokens, _config_capacities(args))
+    if problem:
+        ap.error(problem)
     if args.metrics_port is not None:
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -165,9 +275,18 @@ def check_args(ap: argparse.ArgumentParser, args) -> dict:
 
 
 def _tokenizer_path(args) -> str:
-    from . import bundled
+    return os.path.join(_model_dir(args, "target"), "tokenizer.json")
 
-    return os.path.join(args.target or bundled.pair_dir("target"), "tokenizer.json")
+
+def encode_prompt(args):
+    """(tokenizer or None, prompt token ids): --prompt through the target's tokenizer.json,
+    or --prompt-ids as given."""
+    if args.prompt is None:
+        return None, list(args.prompt_ids)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(_tokenizer_path(args))
+    return tok, tok.encode(args.prompt).ids
 
 
 def _eos(args, cfg: dict):
@@ -184,6 +303,8 @@ def _eos(args, cfg: dict):
 
 
 def _load(args):
+    """(target, draft) models; draft is None when a --target DIR runs without a draft model
+    (--drafter ngram)."""
     from . import bundled
 
     dtype = getattr(torch, args.dtype)
@@ -191,7 +312,9 @@ def _load(args):
         bundled.verify_checksums()
         return bundled.load_pair(device=args.device, dtype=dtype, implementation="hf" if args.hf else "reference",
                                  check=False)
-    return load_model(args.target, args.device, dtype, args.hf), load_model(args.draft, args.device, dtype, args.hf)
+    target = load_model(args.target, args.device, dtype, args.hf)
+    use_draft = args.draft is not None and _uses_draft_model(args)
+    return target, load_model(args.draft, args.device, dtype, args.hf) if use_draft else None
 
 
 def _compiled(model):
@@ -237,50 +360,134 @@ def _mode(args) -> str:
     return "coupled" if args.coupled else "exact"
 
 
+def _fail(message: str) -> None:
+    """A one-line error and exit code 2, as for a bad argument."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def _timed(engine, ids, args, eos, progress=None):
+    """(output, seconds) of one generation of the request."""
     t0 = time.perf_counter()
     out = engine.generate(ids, args.max_new_tokens, eos_token_id=eos, progress=progress, **_sampling(args))
     return out, time.perf_counter() - t0
 
 
-def run(args, cfg: dict) -> int:
-    from tokenizers import Tokenizer
+def _tok_s(out, seconds: float) -> float:
+    return out.stats[0].tokens_generated / seconds if seconds > 0 else 0.0
 
-    tok = Tokenizer.from_file(_tokenizer_path(args)) if args.prompt is not None else None
-    prompt_ids = tok.encode(args.prompt).ids if tok is not None else args.prompt_ids
-    if not prompt_ids:
-        raise SystemExit("error: the prompt encodes to no tokens")
+
+@dataclass
+class Timings:
+    """The timed runs: the first speculative output (printed), and per round the seconds
+    and tokens/s of the speculative run and (unless --no-baseline) the target-only run."""
+
+    out: object
+    spec_s: List[float] = field(default_factory=list)
+    spec_tok_s: List[float] = field(default_factory=list)
+    base_tok_s: List[float] = field(default_factory=list)
+
+    def speedups(self) -> List[float]:
+        """Per-round speculative / target-only tokens/s (empty without a baseline or tokens)."""
+        return [s / b for s, b in zip(self.spec_tok_s, self.base_tok_s) if b > 0]
+
+
+def _warm_up(engine, plain, ids, args) -> None:
+    """Untimed first runs: allocations, caches, the cost model's first steps; with --compile
+    the whole request, so every step kind compiles outside the timing."""
+    engine.generate(ids, args.max_new_tokens if args.compile else min(4, args.max_new_tokens), **_sampling(args))
+    if plain is not None:
+        plain.generate(ids, min(4, args.max_new_tokens), **_sampling(args))  # compiles its 1-token step
+
+
+def time_rounds(engine, plain, ids, args, eos, rounds: int, update=lambda done: None) -> Timings:
+    """``rounds`` rounds of one speculative and (plain not None) one target-only run each;
+    without a baseline one speculative run.
+
+    The two runs of a round are timed back to back and their order alternates (ABBA), so a
+    slow spell of a shared machine (another job, frequency changes) weighs on both kinds
+    alike instead of on whichever ran second. Round 0 runs the speculative one first.
+    ``update(tokens)`` drives a progress bar over all runs."""
+    engines = {"spec": engine, "base": plain}
+    timings, done = None, 0
+    for r in range(rounds if plain is not None else 1):
+        for kind in (("spec", "base") if r % 2 == 0 else ("base", "spec")):
+            if engines[kind] is None:
+                continue
+            out, seconds = _timed(engines[kind], ids, args, eos, lambda n, d=done: update(d + n))
+            done += args.max_new_tokens
+            if kind == "spec":
+                timings = timings or Timings(out)
+                timings.spec_s.append(seconds)
+                timings.spec_tok_s.append(_tok_s(out, seconds))
+            else:
+                timings.base_tok_s.append(_tok_s(out, seconds))
+    return timings
+
+
+def speed_text(t: Timings, baseline: bool) -> str:
+    """The summary's speedup part: '' without a baseline, else
+    ' | target-only X tokens/s -> speedup 1.57x (1.44-1.71x over 3 rounds)'."""
+    if not baseline:
+        return ""
+    base = statistics.median(t.base_tok_s)
+    ups = t.speedups()
+    if not ups:
+        return f" | target-only {base:.1f} tokens/s -> speedup n/a (no tokens)"
+    spread = f"{min(ups):.2f}-{max(ups):.2f}x over {len(ups)} round{'s' if len(ups) > 1 else ''}"
+    return f" | target-only {base:.1f} tokens/s -> speedup {statistics.median(ups):.2f}x ({spread})"
+
+
+def summary_line(t: Timings, baseline: bool, load: dict) -> str:
+    """acceptance | tokens/step | tokens, seconds, tokens/s (medians over the rounds)
+    [| target-only tokens/s -> speedup] | load."""
+    st = t.out.stats[0]
+    load_text = "n/a" if load["load_1min"] is None else f"{load['load_1min']:.2f}"
+    return (f"acceptance {st.acceptance_rate:.1%} (alpha {st.alpha:.2f}) | tokens/step {st.tokens_per_step:.2f} | "
+            f"{st.tokens_generated} tokens in {statistics.median(t.spec_s):.2f}s = "
+            f"{statistics.median(t.spec_tok_s):.1f} tokens/s{speed_text(t, baseline)} | "
+            f"load {load_text} on {load['cpu_count']} cores")
+
+
+def _engine(args, target, draft, metrics):
+    return SpeculativeEngine(target, None if args.drafter == "ngram" else draft, k=args.k,
+                             adaptive_k=False if args.fixed_k else args.adaptive, metrics=metrics,
+                             drafter="auto" if args.drafter == "ngram" else args.drafter, max_ngram=args.max_ngram,
+                             verify_mode=_mode(args))
+
+
+def run(args, cfg: dict) -> int:
+    tok, prompt_ids = encode_prompt(args)
     eos = _eos(args, cfg)
     target, draft = _load(args)
     if args.compile:
-        target, draft = _compiled(target), _compiled(draft)
+        target, draft = _compiled(target), (_compiled(draft) if draft is not None else None)
     metrics = SpecDecMetrics(engine="cli") if args.metrics_port is not None else None
     server = metrics.serve(args.metrics_port) if metrics else None
-    engine = SpeculativeEngine(target, None if args.drafter == "ngram" else draft, k=args.k,
-                               adaptive_k=False if args.fixed_k else args.adaptive, metrics=metrics,
-                               drafter="auto" if args.drafter == "ngram" else args.drafter, max_ngram=args.max_ngram,
-                               verify_mode=_mode(args))
+    engine = _engine(args, target, draft, metrics)
+    # the loaded models' own limits (a sliding window, say), before any run: one line, the user's figures
+    problem = fits_message(len(prompt_ids), args.max_new_tokens, [(n, m.max_positions) for n, m in engine.models])
+    if problem:
+        _fail(problem)
+    plain = None if args.no_baseline else SpeculativeEngine(target, None, k=0, adaptive_k=False,
+                                                            verify_mode=_mode(args))
     ids = torch.tensor([prompt_ids], dtype=torch.int64)
-    # Warm-up; with --compile the whole request, so every step kind compiles outside the timing.
-    warm = args.max_new_tokens if args.compile else min(4, args.max_new_tokens)
-    engine.generate(ids, warm, **_sampling(args))
-    bar, update = progress_bar(args.max_new_tokens, not args.no_progress and args.max_new_tokens >= 32)
-    out, elapsed = _timed(engine, ids, args, eos, update)
+    rounds = 1 if plain is None else (args.rounds or DEFAULT_ROUNDS)
+    try:
+        _warm_up(engine, plain, ids, args)
+        runs = rounds * (1 if plain is None else 2)
+        bar, update = progress_bar(runs * args.max_new_tokens, not args.no_progress and args.max_new_tokens >= 32)
+        timings = time_rounds(engine, plain, ids, args, eos, rounds, update)
+    except (CacheFullError, OutOfBlocksError) as e:
+        _fail(str(e))
     if bar is not None:
         bar.close()
-    st = out.stats[0]
-    tok_s = st.tokens_generated / elapsed if elapsed > 0 else 0.0
-    speed = ""
-    if not args.no_baseline:
-        plain = SpeculativeEngine(target, None, k=0, adaptive_k=False, verify_mode=_mode(args))
-        plain.generate(ids, min(4, args.max_new_tokens), **_sampling(args))  # warm-up (compiles under --compile)
-        base, base_s = _timed(plain, ids, args, eos)
-        base_tok_s = base.stats[0].tokens_generated / base_s if base_s > 0 else 0.0
-        ratio = f"{tok_s / base_tok_s:.2f}x" if base_tok_s > 0 else "n/a (no tokens)"
-        speed = f" | target-only {base_tok_s:.1f} tokens/s -> speedup {ratio}"
+    load = machine_load()  # the 1-minute average now covers the timed runs
+    out = timings.out
     print(args.prompt + tok.decode(out.generated[0]) if tok is not None else " ".join(map(str, out.generated[0])))
-    print(f"acceptance {st.acceptance_rate:.1%} (alpha {st.alpha:.2f}) | tokens/step {st.tokens_per_step:.2f} | "
-          f"{st.tokens_generated} tokens in {elapsed:.2f}s = {tok_s:.1f} tokens/s{speed}")
+    print(summary_line(timings, plain is not None, load))
+    if busy_reason(load):
+        print(f"warning: {busy_reason(load)}: the timings are unreliable; rerun on an idle machine", file=sys.stderr)
     if server is not None:
         server.shutdown()
     return 0

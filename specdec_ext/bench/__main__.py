@@ -1,22 +1,45 @@
-"""Microbenchmarks: python -m specdec_ext.bench {verify,kv,e2e,sass} [options] (--help per command)."""
+"""Microbenchmarks: python -m specdec_ext.bench COMMAND [options] (COMMAND --help for each).
+
+With no command, an unknown one, or -h / --help: the commands and what each compares."""
 import importlib
 import sys
 
+# command -> (module, what it compares); the listing prints them in this order
 COMMANDS = {
-    "verify": "specdec_ext.bench.verify",  # fused verify vs plain PyTorch / torch.compile / FlashInfer
-    "kv": "specdec_ext.bench.kv",          # KV-cache append / gather vs indexing and copy
-    "e2e": "specdec_ext.bench.e2e",        # engine on the bundled pair vs target-only and HF
-    "sass": "specdec_ext.bench.sass",      # static SASS read of the built kernels (registers, spills, loads)
+    "verify": ("specdec_ext.bench.verify",
+               "the fused verify (and sample) op vs plain PyTorch, torch.compile and FlashInfer"),
+    "kv": ("specdec_ext.bench.kv",
+           "KV-cache append / paged gather ops vs PyTorch indexing and a plain copy of the same bytes"),
+    "e2e": ("specdec_ext.bench.e2e",
+            "the engine on the bundled pair vs target-only decoding and Hugging Face generate (plain and assisted)"),
+    "sass": ("specdec_ext.bench.sass",
+             "static read of the built CUDA kernels' SASS (registers, spills, loads); no timing"),
 }
+USAGE = f"usage: python -m specdec_ext.bench {{{','.join(COMMANDS)}}} [options]"
+
+
+def listing() -> str:
+    """The usage line, then one line per command with what it compares."""
+    width = max(map(len, COMMANDS))
+    lines = [USAGE, "", "commands:"]
+    lines += [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
+    lines += ["", "Each writes its rows as JSON with --json PATH (with the machine's load while timed); "
+              "benchmarks/check_targets.py judges them.",
+              "python -m specdec_ext.bench COMMAND --help: that command's options."]
+    return "\n".join(lines)
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(listing())
+        return 0
     if not argv or argv[0] not in COMMANDS:
-        print(f"usage: python -m specdec_ext.bench {{{','.join(COMMANDS)}}} [options]", file=sys.stderr)
+        problem = "a command is required" if not argv else f"unknown command {argv[0]!r}"
+        print(f"python -m specdec_ext.bench: error: {problem}\n{listing()}", file=sys.stderr)
         return 2
     try:
-        module = importlib.import_module(COMMANDS[argv[0]])
+        module = importlib.import_module(COMMANDS[argv[0]][0])
     except ImportError as e:
         print(f"benchmark '{argv[0]}' is not available in this build: {e}", file=sys.stderr)
         return 2

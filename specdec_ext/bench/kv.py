@@ -12,7 +12,9 @@ For each device, B in {1, 32}, H = 8, D = 128, S in {1, 6}, fp16 / bf16:
   same bytes into a reused buffer.
 
 GB/s counts the bytes the operation writes (keys + values; a copy reads as many). Times are
-medians (CUDA events on a GPU). ``--json PATH`` writes every row.
+medians (CUDA events on a GPU). ``--json PATH`` writes every row, each with the 1-minute load
+average and core count while it was timed (``load_1min``, ``cpu_count``; a warning on stderr
+when the load exceeded the cores).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import torch
 
 import specdec_ext  # noqa: F401  (registers torch.ops.specdec.*)
 
-from .timing import time_call
+from .timing import busiest, machine_load, time_call, warn_if_busy
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 H, D = 8, 128
@@ -127,9 +129,15 @@ def run(devices: List[str], max_len: int, context: int, min_s: float, batches: L
         for dname in dtypes:
             for B in batches:
                 for S in seqs:
-                    rows += _bench_append(device, B, S, DTYPES[dname], max_len, min_s)
-                rows += _bench_gather(device, B, DTYPES[dname], context, min_s)
+                    rows += _stamped(_bench_append(device, B, S, DTYPES[dname], max_len, min_s))
+                rows += _stamped(_bench_gather(device, B, DTYPES[dname], context, min_s))
     return rows
+
+
+def _stamped(rows: List[Dict]) -> List[Dict]:
+    """``rows`` with the machine's load just after they were timed (machine_load())."""
+    load = machine_load()
+    return [dict(r, **load) for r in rows]
 
 
 def print_table(rows: List[Dict]) -> None:
@@ -168,5 +176,6 @@ def main(argv: List[str]) -> None:
     print_table(rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(benchmark="kv", H=H, D=D, max_len=args.max_len, context=args.context, rows=rows),
-                      f, indent=1)
+            json.dump(dict(benchmark="kv", H=H, D=D, max_len=args.max_len, context=args.context,
+                           machine=machine_load(), rows=rows), f, indent=1)
+    warn_if_busy(busiest(rows))

@@ -7,8 +7,13 @@
 * cold mode (time_call(..., flush=...)): before every timed call a large buffer is
   streamed through the caches (bigger than the last-level cache), so the op starts with
   cold caches, as it does when interleaved with other work; the flush is not timed.
+* machine_load / busy_reason / warn_if_busy: the 1-minute load average and core count,
+  recorded with every benchmark result, so a run timed on a busy machine can be told
+  apart (benchmarks/check_targets.py refuses to judge one).
 """
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -94,3 +99,43 @@ def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
     dst = torch.empty_like(src)
     t = time_call(lambda: dst.copy_(src), device, min_reps=5)
     return 2 * nbytes / t / 1e9
+
+
+def machine_load() -> dict:
+    """How busy the machine is now: ``{"load_1min": float | None, "cpu_count": int | None}``.
+
+    load_1min is os.getloadavg()'s 1-minute average (runnable + waiting tasks, None where
+    the OS has none); cpu_count is os.cpu_count(). A load above the core count means other
+    work competed for the cores during the last minute, so timings are not trustworthy.
+    Put it in every result row (``row.update(machine_load())``): benchmarks/check_targets.py
+    reads these two keys."""
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):  # no load average on this OS
+        load = None
+    return dict(load_1min=load, cpu_count=os.cpu_count())
+
+
+def busy_reason(load: dict):
+    """'machine busy (load X > N cores)' when ``load`` (a machine_load() dict) shows more
+    runnable work than cores, else None (also when either figure is unknown)."""
+    if load.get("load_1min") is None or not load.get("cpu_count"):
+        return None
+    if load["load_1min"] > load["cpu_count"]:
+        return f"machine busy (load {load['load_1min']:.2f} > {load['cpu_count']} cores)"
+    return None
+
+
+def busiest(rows) -> dict:
+    """The row (or machine_load() dict) of ``rows`` with the highest ``load_1min``; {} when
+    none records one."""
+    known = [r for r in rows if r.get("load_1min") is not None]
+    return max(known, key=lambda r: r["load_1min"]) if known else {}
+
+
+def warn_if_busy(load: dict, file=None) -> bool:
+    """Print a one-line warning (stderr) when busy_reason(load); True when it warned."""
+    why = busy_reason(load)
+    if why:
+        print(f"warning: {why}: timings are unreliable; rerun on an idle machine", file=file or sys.stderr)
+    return why is not None

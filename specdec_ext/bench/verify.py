@@ -13,7 +13,10 @@ Columns: `fused` is the eager time per call (CUDA events around one call, launch
 overhead included); on CUDA `graph` is the device time per call by CUDA-graph replay of
 20 calls; `%floor` is the HBM floor (the minimal bytes, logits read once + the q rows, at
 the measured copy bandwidth; on CPU at the measured memcpy bandwidth) over the fused time
-(graph time on CUDA). `--cold` adds cold-cache figures: before every timed call a buffer
+(graph time on CUDA); each `x` is the time of the column to its left (torch, compile,
+flashinfer) over the fused time, i.e. how many times faster the fused op is. Every row
+records the 1-minute load average and core count (`load_1min`, `cpu_count`; a warning when
+the load exceeded the cores). `--cold` adds cold-cache figures: before every timed call a buffer
 bigger than the last-level cache (64 MiB on CPU, 256 MiB on a GPU) is streamed through the
 caches, as when the op is interleaved with other work; both warm and cold are reported.
 `--sample` adds rows of the sample op (B in {1, 64}, V = 128256) against softmax +
@@ -33,7 +36,7 @@ import torch
 
 import specdec_ext
 
-from .timing import cache_flusher, copy_bandwidth, time_call, time_graph
+from .timing import busiest, cache_flusher, copy_bandwidth, machine_load, time_call, time_graph, warn_if_busy
 
 FULL = dict(B=[1, 8, 64], K=[1, 5, 8], V=[32000, 128256, 151936], dtype=["fp32", "bf16"])
 QUICK = dict(B=[1, 8], K=[5], V=[128256], dtype=["fp32", "bf16"])
@@ -220,6 +223,7 @@ def bench_device(device, grid, with_compile, rows, on_row=lambda: None, cold=Fal
     flush = cache_flusher(device) if cold else None
 
     def add(row):
+        row.update(machine_load())  # the load while it was timed (check_targets refuses busy rows)
         rows.append(row)
         print_row(row, cold)
         on_row()
@@ -256,6 +260,8 @@ def bench_device(device, grid, with_compile, rows, on_row=lambda: None, cold=Fal
 HEADER = (f"{'op':6} {'dev':4} {'dtype':5} {'B':>3} {'K':>2} {'V':>6} {'alpha':>5} | {'fused':>9} {'graph':>9} "
           f"{'GB/s':>7} {'%floor':>6} | {'torch':>9} {'x':>6} | {'compile':>9} {'x':>6} | {'flashinfer':>10} {'x':>6}")
 COLD_HEADER = f" || {'cold:fused':>10} {'%floor':>6} {'torch':>9} {'x':>6}"
+LEGEND = ("x = the column to its left / fused (eager) time: how many times faster the fused op is "
+          "(> 1: fused wins); cold x = cold torch / cold fused")
 
 
 def fmt_t(t):
@@ -307,6 +313,7 @@ def main(argv):
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, specdec_ext {specdec_ext.__version__}, threads {torch.get_num_threads()}")
     print(HEADER + (COLD_HEADER if args.cold else ""))
+    print(LEGEND)
     filter_grid = dict(FILTERED, **{k: getattr(args, k) for k in ("B", "K", "V") if getattr(args, k)})
     if args.sample_only or args.filters_only:
         grid["B"] = []
@@ -317,11 +324,12 @@ def main(argv):
         # rewritten after every row, so a run cut short by a time limit keeps what it measured
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(dict(rows=rows, torch=torch.__version__,
+                json.dump(dict(rows=rows, torch=torch.__version__, machine=machine_load(),
                                gpu=torch.cuda.get_device_name() if "cuda" in devices else None), f, indent=1)
 
     for d in devices:
         bench_device(d, grid, not args.no_compile, rows, on_row=save, cold=args.cold, sample_grid=sample_grid,
                      filter_grid=filter_grid if (args.filters or args.filters_only) else None)
     save()
+    warn_if_busy(busiest(rows))  # one line on stderr when any row was timed with more load than cores
     return 0

@@ -1,0 +1,195 @@
+"""python -m specdec_ext.generate, what a new user hits: the speedup from interleaved timed
+rounds (median and spread), a prompt too long for the model refused in one line before any
+run, --target without --draft under the n-gram drafter, --help with defaults and alpha
+explained, --hf without transformers, and the machine's load in the summary."""
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from specdec_ext import SpeculativeEngine, bundled, generate
+
+LONG = ["5"] * 2040  # the bundled pair holds 2048 positions
+
+
+def _main(capsys, *argv):
+    """(exit code, stdout, stderr) of generate.main(argv) in this process."""
+    try:
+        rc = generate.main(list(argv))
+    except SystemExit as e:
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def count_runs(monkeypatch):
+    """Counts SpeculativeEngine.generate calls: [(k_max, max_new_tokens)]."""
+    calls = []
+    real = SpeculativeEngine.generate
+
+    def counted(self, input_ids, max_new_tokens, *a, **kw):
+        calls.append((self.k_max, max_new_tokens))
+        return real(self, input_ids, max_new_tokens, *a, **kw)
+
+    monkeypatch.setattr(SpeculativeEngine, "generate", counted)
+    return calls
+
+
+# ---------------------------------------------------------------- timed rounds
+def test_rounds_interleave_speculative_and_target_only_runs(capsys, count_runs):
+    rc, out, err = _main(capsys, "--prompt", "def f(x):", "--max-new-tokens", "6", "--rounds", "3", "--no-progress")
+    assert rc == 0, err
+    # warm-ups (a 4-token run each), then 3 rounds alternating the order: S B, B S, S B
+    kinds = ["S" if k > 0 else "B" for k, n in count_runs if n == 6]
+    assert [n for _, n in count_runs[:2]] == [4, 4] and kinds == list("SBBSSB")
+    summary = out.splitlines()[-1]
+    assert summary.startswith("acceptance") and "6 tokens in" in summary
+    assert "-> speedup " in summary and "x over 3 rounds)" in summary
+
+
+def test_no_baseline_is_one_timed_run(capsys, count_runs):
+    rc, out, err = _main(capsys, "--prompt", "def f(x):", "--max-new-tokens", "6", "--no-baseline", "--no-progress")
+    assert rc == 0, err
+    assert count_runs == [(count_runs[0][0], 4), (count_runs[0][0], 6)]  # warm-up + one timed run
+    assert "speedup" not in out and "rounds" not in out
+
+
+def test_speedup_is_the_median_of_per_round_ratios():
+    t = generate.Timings(out=None, spec_s=[0.1, 0.2, 0.1], spec_tok_s=[100.0, 120.0, 110.0],
+                         base_tok_s=[50.0, 100.0, 55.0])
+    assert t.speedups() == [2.0, 1.2, 2.0]
+    assert generate.speed_text(t, True) == " | target-only 55.0 tokens/s -> speedup 2.00x (1.20-2.00x over 3 rounds)"
+    assert generate.speed_text(t, False) == ""
+    none = generate.Timings(out=None, spec_s=[0.1], spec_tok_s=[0.0], base_tok_s=[0.0])
+    assert generate.speed_text(none, True).endswith("speedup n/a (no tokens)")
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--rounds", "0"], "argument --rounds: must be >= 1"),
+    (["--rounds", "2", "--no-baseline"], "--no-baseline skips those"),
+])
+def test_bad_rounds_are_one_line(capsys, argv, msg):
+    rc, _, err = _main(capsys, "--prompt", "x", *argv)
+    assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+
+
+# ---------------------------------------------------------------- prompt length
+def test_too_long_prompt_is_refused_before_loading(capsys, monkeypatch):
+    monkeypatch.setattr(generate, "_load", lambda args: pytest.fail("a model was loaded"))
+    rc, _, err = _main(capsys, "--prompt-ids", *LONG, "--max-new-tokens", "20")
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert ("the prompt is 2040 tokens: with --max-new-tokens 20 the target model needs 2059 positions but holds "
+            "2048; use --max-new-tokens 9 or less") in err
+    rc, _, err = _main(capsys, "--prompt-ids", *(["5"] * 2049), "--max-new-tokens", "1")
+    assert rc == 2 and "shorten the prompt to at most 2048 tokens" in err
+
+
+def test_loaded_models_limits_are_checked_before_any_run(capsys, monkeypatch, count_runs):
+    """Limits only the loaded model knows (a sliding window, say) are checked after loading,
+    before the warm-up, with the user's --max-new-tokens (not the warm-up's 4)."""
+    monkeypatch.setattr(generate, "_config_capacities", lambda args: [])  # skip the config-level check
+    rc, _, err = _main(capsys, "--prompt-ids", *LONG, "--max-new-tokens", "20", "--no-progress")
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--max-new-tokens 20" in err and "2059 positions" in err
+    assert count_runs == []
+
+
+def test_too_long_prompt_via_the_command_line():
+    r = subprocess.run([sys.executable, "-m", "specdec_ext.generate", "--prompt-ids", *LONG, "--max-new-tokens",
+                        "20"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr and "holds 2048" in r.stderr
+
+
+# ---------------------------------------------------------------- --target / --draft
+def test_target_alone_with_the_ngram_drafter(capsys, monkeypatch):
+    loaded = []
+    real = generate.load_model
+    monkeypatch.setattr(generate, "load_model", lambda path, *a: loaded.append(path) or real(path, *a))
+    target = bundled.pair_dir("target")
+    rc, out, err = _main(capsys, "--target", target, "--drafter", "ngram", "--prompt", "def f(x):",
+                         "--max-new-tokens", "5", "--no-baseline", "--no-progress")
+    assert rc == 0, err
+    assert loaded == [target]  # no draft model loaded
+    assert " 5 tokens in" in out.splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--target", "T", "--drafter", "model"], "--drafter model needs --draft DIR"),
+    (["--target", "T", "--drafter", "hybrid"], "--drafter hybrid needs --draft DIR"),
+    (["--draft", "T"], "--draft needs --target"),
+])
+def test_pair_errors_are_one_line(capsys, argv, msg):
+    argv = [bundled.pair_dir("target") if a == "T" else a for a in argv]
+    rc, _, err = _main(capsys, "--prompt", "x", *argv)
+    assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+
+
+# ---------------------------------------------------------------- help, --hf
+def test_help_shows_defaults_and_explains_alpha(capsys):
+    rc, out, _ = _main(capsys, "--help")
+    assert rc == 0
+    flat = " ".join(out.split())
+    for text in ("tokens to generate at most (default: 128)", "(default: 3)", "(default: 5)",
+                 "(default: float32)", "(default: 0)", "Leviathan", "alpha >= acceptance", "min-max over N rounds"):
+        assert text in flat, text
+
+
+def test_hf_without_transformers_is_one_line(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    rc, _, err = _main(capsys, "--prompt", "x", "--hf")
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--hf needs the transformers package" in err and "pip install 'specdec_ext[hf]'" in err
+
+
+def test_the_hf_extra_exists():
+    """The extra the error names is the one setup.py declares."""
+    import os
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "setup.py")) as f:
+        assert re.search(r'"hf":\s*\[\s*"transformers"', f.read())
+
+
+# ---------------------------------------------------------------- load
+@pytest.mark.parametrize("load,busy", [(dict(load_1min=9.0, cpu_count=2), True),
+                                       (dict(load_1min=0.5, cpu_count=2), False)])
+def test_summary_records_the_load_and_warns_when_busy(capsys, monkeypatch, load, busy):
+    monkeypatch.setattr(generate, "machine_load", lambda: dict(load))
+    rc, out, err = _main(capsys, "--prompt", "x", "--max-new-tokens", "3", "--no-baseline", "--no-progress")
+    assert rc == 0, err
+    assert out.splitlines()[-1].endswith(f"| load {load['load_1min']:.2f} on 2 cores")
+    warned = f"warning: machine busy (load {load['load_1min']:.2f} > 2 cores)" in err
+    assert warned == busy, err
+
+
+def test_unknown_load_is_said(capsys, monkeypatch):
+    monkeypatch.setattr(generate, "machine_load", lambda: dict(load_1min=None, cpu_count=4))
+    rc, out, _ = _main(capsys, "--prompt", "x", "--max-new-tokens", "2", "--no-baseline", "--no-progress")
+    assert rc == 0 and out.splitlines()[-1].endswith("| load n/a on 4 cores")
+
+
+def test_time_rounds_order_without_models():
+    """time_rounds alone: the run order and what is recorded, on stand-in engines."""
+    order = []
+
+    class Fake:
+        def __init__(self, name, tokens):
+            self.name, self.tokens = name, tokens
+
+        def generate(self, ids, n, **kw):
+            order.append(self.name)
+            stats = types.SimpleNamespace(tokens_generated=self.tokens)
+            return types.SimpleNamespace(stats=[stats], generated=[[0] * self.tokens])
+
+    args = types.SimpleNamespace(max_new_tokens=4, temperature=0.0, seed=0, top_k=None, top_p=None, min_p=None)
+    ids = torch.zeros(1, 1, dtype=torch.int64)
+    t = generate.time_rounds(Fake("S", 4), Fake("B", 4), ids, args, None, 4)
+    assert "".join(order) == "SBBSSBBS" and len(t.spec_s) == len(t.base_tok_s) == 4
+    order.clear()
+    t = generate.time_rounds(Fake("S", 4), None, ids, args, None, 4)
+    assert order == ["S"] and t.base_tok_s == []
