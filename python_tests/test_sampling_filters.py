@@ -25,12 +25,17 @@ def _logits(K1, V, seed, dtype=torch.float32, scale=1.5):
     return (torch.randn(K1, V, generator=g) * scale).to(dtype)
 
 
-def _filtered_draft(K, V, filt, seed, temperature=1.0):
+def _filtered_draft(K, V, filt, seed, temperature=1.0, target=None):
     """A draft law q' [K, V] (a different model's logits under the SAME filters) and draft
-    ids [K] drawn from it."""
+    ids [K] drawn from it. With ``target`` [K+1, V] logits the draft model is correlated with
+    the target (its logits plus noise) and each draft is drawn among the tokens the filtered
+    target keeps (p'(x) > 0), so the ratio test can accept it: the filtered acceptance path."""
     g = torch.Generator().manual_seed(seed + 1)
-    q = torch.from_numpy(filtered_softmax64(_logits(K, V, seed + 2), temperature, **filt)).float()
-    return q, torch.multinomial(q, 1, generator=g).view(K)
+    noise = _logits(K, V, seed + 2)
+    draft_logits = noise if target is None else target[:K].float() + 0.5 * noise
+    q = torch.from_numpy(filtered_softmax64(draft_logits, temperature, **filt)).float()
+    pick = q if target is None else q * torch.from_numpy(filtered_softmax64(target[:K], temperature, **filt) > 0)
+    return q, torch.multinomial(pick, 1, generator=g).view(K)
 
 
 def _expand(t, n):
@@ -47,10 +52,12 @@ def _joint_pvalue(res, p, q, draft, K, V):
 def test_filtered_verify_law(name, K, dtype, device):
     filt, V, T = FILTERS[name], 40, 0.9
     logits = _logits(K + 1, V, seed=K * 7 + len(name), dtype=dtype)
-    q, draft = _filtered_draft(K, V, filt, seed=11 + K, temperature=T)
+    q, draft = _filtered_draft(K, V, filt, seed=11 + K, temperature=T, target=logits)
     res = specdec_ext.verify(_expand(logits, N_DRAWS).to(device), _expand(draft, N_DRAWS).to(device),
                              _expand(q, N_DRAWS).to(device), T, seed=5, **filt)
     p = filtered_softmax64(logits, T, **filt)
+    assert (p[np.arange(K), draft.numpy()] > 0).all()  # every draft can be accepted
+    assert res.num_accepted.float().mean().item() > 0.1
     assert _joint_pvalue(res, p, q.double().numpy(), draft.numpy(), K, V) > ALPHA
 
 
