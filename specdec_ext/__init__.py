@@ -18,8 +18,8 @@ Layers, bottom up (each package documents its modules):
 import torch  # noqa: F401  (must come first: _C links against libtorch)
 
 from ._load import _C  # noqa: F401  (loads the library: registers torch.ops.specdec.*; says why when it cannot)
-from .cache import (Allocation, BlockManager, KVCache, PagedKVCache, spec_attention_mask,
-                    spec_attention_mask_bool)
+from .cache import (Allocation, BlockManager, KVCache, PagedKVCache, TreeNodes, spec_attention_mask,
+                    spec_attention_mask_bool, tree_attention_mask, tree_attention_mask_bool, tree_positions)
 from .engine import GenerationOutput, RowStats, SpecDecMetrics, SpeculativeEngine
 from .errors import CacheFullError, DeviceFlagError, ModelOutputError, OutOfBlocksError, SpecDecError
 from .ops import (TreeVerifyResult, VerifyResult, kv_append_, kv_rollback_, paged_kv_append_, paged_kv_gather,
@@ -35,6 +35,7 @@ def has_cuda_kernels() -> bool:
 
 __all__ = ["Allocation", "BlockManager", "CacheFullError", "DeviceFlagError", "GenerationOutput", "KVCache",
            "ModelOutputError", "OutOfBlocksError", "PagedKVCache", "RowStats", "SpecDecError", "SpecDecMetrics",
-           "SpeculativeEngine", "TreeVerifyResult", "VerifyResult", "has_cuda_kernels", "kv_append_", "kv_rollback_",
-           "paged_kv_append_", "paged_kv_gather", "sample", "spec_attention_mask", "spec_attention_mask_bool",
-           "tree_depth", "verify", "verify_tree"]
+           "SpeculativeEngine", "TreeNodes", "TreeVerifyResult", "VerifyResult", "has_cuda_kernels", "kv_append_",
+           "kv_rollback_", "paged_kv_append_", "paged_kv_gather", "sample", "spec_attention_mask",
+           "spec_attention_mask_bool", "tree_attention_mask", "tree_attention_mask_bool", "tree_depth",
+           "tree_positions", "verify", "verify_tree"]

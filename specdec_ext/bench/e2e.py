@@ -8,6 +8,11 @@ medians, each ratio taken against the baseline of the same round:
 * the engine with K in {1, 2, 4, 6} and adaptive K, greedy (T = 0) and sampling (T = 1)
 * the engine with prompt-lookup (n-gram) drafting and with the hybrid drafter (n-gram
   where a match exists, the draft model elsewhere), adaptive K
+* tree speculation (``--tree``, default 4 2 2: branching per depth; ``--no-tree`` skips):
+  ``engine tree`` (children sampled from the draft) and ``engine tree topk`` (the draft's
+  top-b), next to a chain of K = the tree's depth (the same draft forwards per step, one
+  target pass per step each); after each block a line compares tokens per target pass and
+  tokens/s of the trees with that chain
 * Hugging Face ``generate(assistant_model=draft)``, ``generate(prompt_lookup_num_tokens=)``
   and plain ``generate`` on the same weights (when transformers is installed; assisted and
   prompt-lookup generation are batch 1 only)
@@ -84,9 +89,11 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0, drafter="auto"):
-    """groups: list of (ids, mask). Returns aggregate stats over all of them."""
-    eng = SpeculativeEngine(target, draft, k=k, adaptive_k=adaptive, drafter=drafter)
+def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0, drafter="auto", tree=None,
+               tree_mode="sampled"):
+    """groups: list of (ids, mask). Returns aggregate stats over all of them (``tree``: tree
+    speculation with that branching; tokens_per_step is then tokens per target pass too)."""
+    eng = SpeculativeEngine(target, draft, k=k, adaptive_k=adaptive, drafter=drafter, tree=tree, tree_mode=tree_mode)
     tokens = steps = accepted = rejections = 0
     draft_s = draft_steps = target_s = other_s = step_s = 0.0
     elapsed = 0.0
@@ -175,6 +182,40 @@ def _hf_model_configs(hf_target, hf_draft, hf_compiled, T, groups, args) -> List
     return out
 
 
+def _tree_label(tree) -> str:
+    return "x".join(str(b) for b in tree)
+
+
+def _tree_configs(target, draft, T, groups, args) -> List[Config]:
+    """Tree speculation rows (sampled and top-b children) and, unless ``--k`` has it, the
+    chain of K = the tree's depth they are compared with (:func:`tree_summary`)."""
+    if not args.tree:
+        return []
+    n, tree, depth = args.max_new_tokens, tuple(args.tree), len(args.tree)
+    out = [] if depth in args.k else [Config("engine", depth, _engine(target, draft, depth, False, T, groups, n))]
+    out += [Config(method, _tree_label(tree), _engine(target, draft, depth, False, T, groups, n, tree=tree,
+                                                      tree_mode=mode))
+            for method, mode in (("engine tree", "sampled"), ("engine tree topk", "topk"))]
+    return out
+
+
+def tree_summary(block_rows, tree) -> List[str]:
+    """Lines comparing each tree row of one block with the chain of K = the tree's depth:
+    tokens per target pass (the gain of the tree's extra candidates) and tokens/s (what it
+    costs: a wider target forward, more draft tokens per forward)."""
+    chain = [r for r in block_rows if r["method"] == "engine" and r["k"] == len(tree)]
+    lines = []
+    for r in block_rows:
+        if not r["method"].startswith("engine tree") or not chain or not r.get("tokens_per_step"):
+            continue
+        c = chain[0]
+        lines.append(f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']} {_tree_label(tree)} vs "
+                     f"chain K={len(tree)}: {r['tokens_per_step']:.2f} vs {c['tokens_per_step']:.2f} tokens per "
+                     f"target pass (x{r['tokens_per_step'] / c['tokens_per_step']:.2f}), "
+                     f"x{r['tok_s'] / c['tok_s']:.2f} tokens/s")
+    return lines
+
+
 def configs(target, draft, compiled, hf_target, hf_draft, hf_compiled, B, T, groups, args) -> List[Config]:
     """Every row of one (device, batch, temperature) block, baseline first. ``compiled``:
     the reference target with compiled steps (``--compile``), ``hf_compiled``: the compiled
@@ -188,6 +229,7 @@ def configs(target, draft, compiled, hf_target, hf_draft, hf_compiled, B, T, gro
                 Config("engine ngram", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n)),
                 Config("engine hybrid", f"<={kmax}", _engine(target, draft, kmax, "cost", T, groups, n,
                                                              drafter="hybrid"))]
+        out += _tree_configs(target, draft, T, groups, args)
         if compiled is not None:  # the n-gram engine on the compiled reference model
             out.append(Config("engine ngram compiled", f"<={kmax}", _engine(compiled, None, kmax, "cost", T, groups, n),
                               # the same run on one prompt: every step kind compiles outside the timing
@@ -287,9 +329,12 @@ def bench_device(device, args, rows, bar, done_block=lambda: None):
             bar.total += len(cfgs) * args.repeats
             results = timed_rounds(cfgs, args.repeats, bar)
             by_method = {c.method: runs for c, runs in zip(cfgs, results)}
+            first = len(rows)
             for c, runs in zip(cfgs, results):
                 rows.append(summarize(device, B, T, c, runs, by_method[c.base]))
                 print_row(rows[-1])
+            for line in tree_summary(rows[first:], args.tree or ()):
+                print(line)
             if hf_target is not None and B > 1:
                 rows.append(dict(device=device, batch=B, temperature=T, method="HF assisted", k="-",
                                  note="batch 1 only"))
@@ -319,8 +364,8 @@ def plot(rows, path):
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for (dev, B, T) in sorted({(r["device"], r["batch"], r["temperature"]) for r in rows}):
-        eng = [r for r in rows if (r["device"], r["batch"], r["temperature"]) == (dev, B, T)
-               and r["method"] == "engine"]
+        eng = sorted((r for r in rows if (r["device"], r["batch"], r["temperature"]) == (dev, B, T)
+                      and r["method"] == "engine"), key=lambda r: r["k"])  # the tree's chain row comes last
         if not eng:
             continue
         ks = [r["k"] for r in eng]
@@ -357,7 +402,12 @@ def main(argv):
                     help="add HF-model rows: the engine on the pair loaded through transformers (batched HF path)")
     ap.add_argument("--hf-k", type=int, default=4, help="K of the fixed-K and per-row HF-model rows (default 4)")
     ap.add_argument("--only-hf", action="store_true", help="with --hf: skip the reference-model engine rows")
+    ap.add_argument("--tree", type=int, nargs="+", default=[4, 2, 2],
+                    help="branching per depth of the 'engine tree' rows (default 4 2 2: 29 nodes, depth 3)")
+    ap.add_argument("--no-tree", action="store_true", help="skip the tree speculation rows")
     args = ap.parse_args(argv)
+    if args.no_tree:
+        args.tree = None
     args.hf = args.hf or args.only_hf
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")

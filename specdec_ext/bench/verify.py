@@ -36,6 +36,7 @@ import torch
 
 import specdec_ext
 
+from . import verify_tree
 from .timing import busiest, cache_flusher, copy_bandwidth, machine_load, time_call, time_graph, warn_if_busy
 
 FULL = dict(B=[1, 8, 64], K=[1, 5, 8], V=[32000, 128256, 151936], dtype=["fp32", "bf16"])
@@ -301,6 +302,9 @@ def main(argv):
     ap.add_argument("--sample-only", action="store_true", help="only the sample rows (no verify rows)")
     ap.add_argument("--filters", action="store_true", help=f"add filtered verify rows {FILTERED}")
     ap.add_argument("--filters-only", action="store_true", help="only the filtered verify rows")
+    ap.add_argument("--tree", action="store_true",
+                    help=f"add verify_tree rows vs the plain-PyTorch tree walk {verify_tree.FULL} (--quick: {verify_tree.QUICK})")
+    ap.add_argument("--tree-only", action="store_true", help="only the verify_tree rows")
     args = ap.parse_args(argv)
     grid = dict(QUICK if args.quick else FULL)
     for k in ("B", "K", "V", "dtype"):
@@ -315,7 +319,7 @@ def main(argv):
     print(HEADER + (COLD_HEADER if args.cold else ""))
     print(LEGEND)
     filter_grid = dict(FILTERED, **{k: getattr(args, k) for k in ("B", "K", "V") if getattr(args, k)})
-    if args.sample_only or args.filters_only:
+    if args.sample_only or args.filters_only or args.tree_only:
         grid["B"] = []
     sample_grid = SAMPLE if (args.sample or args.sample_only) else None
     rows = []
@@ -330,6 +334,12 @@ def main(argv):
     for d in devices:
         bench_device(d, grid, not args.no_compile, rows, on_row=save, cold=args.cold, sample_grid=sample_grid,
                      filter_grid=filter_grid if (args.filters or args.filters_only) else None)
+    if args.tree or args.tree_only:
+        print(verify_tree.HEADER)
+        print(verify_tree.LEGEND)
+        for row in verify_tree.bench_rows(devices, verify_tree.QUICK if args.quick else verify_tree.FULL):
+            rows.append(dict(row, **machine_load()))
+            save()
     save()
     warn_if_busy(busiest(rows))  # one line on stderr when any row was timed with more load than cores
     return 0

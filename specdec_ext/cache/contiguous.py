@@ -3,7 +3,9 @@ and values and drives the ``kv_append_`` / ``kv_rollback_`` ops (:mod:`specdec_e
 
 Layout (per layer, the one SDPA reads): ``[B, H, max_len, D]``. A step of speculative
 decoding appends S = K+1 tokens per row to every layer, advances the lengths, then rolls
-each row back to the tokens it keeps (``num_accepted + 1``) -- all without a host sync.
+each row back to the tokens it keeps (``num_accepted + 1``) -- all without a host sync. A
+tree step appends the tree's N nodes, moves the accepted path to the front of them
+(:meth:`KVCache.compact`), then rolls back.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from ..errors import CacheFullError, DeviceFlagError
 from .._validate import check_int
 from ..ops.kv import kv_append_, kv_rollback_
 from .attention_mask import spec_attention_mask
+from .compaction import compact_op, compact_rows, gather_compact_
 
 __all__ = ["KVCache"]
 
@@ -29,7 +32,8 @@ class KVCache:
         lengths                 [B] lengths_dtype (int64 default, or int32 for attention
                                 kernels that take int32 sequence lengths): tokens per row
         errors                  [B] bool: sticky flags of the device kernels (CUDA only:
-                                an overflowing append or an invalid rollback of that row)
+                                an overflowing append, an invalid rollback or an invalid
+                                compaction of that row)
 
     A decoding step::
 
@@ -191,6 +195,36 @@ class KVCache:
         event.record(torch.cuda.current_stream(self.device))  # the copy's stream, on the cache's device
         self._pending = [snapshot, event, 0]
 
+    def compact(self, num_appended: int, src_index: torch.Tensor, count: torch.Tensor) -> None:
+        """Move kept entries of the step to its front: for each row b and j < count[b], entry j
+        of the last ``num_appended`` entries receives entry ``src_index[b, j]`` (as it was
+        before the call), in every layer. Lengths do not change: follow with
+        :meth:`rollback` (e.g. a tree step: ``src_index`` = the accepted path, ``count`` =
+        num_accepted + 1, then ``rollback(N, num_kept)``).
+
+        src_index : Tensor [B, M] int64 | int32 on the cache device; ``src_index[b, :count[b]]``
+            strictly increasing in [0, num_appended) (a path of a tree in BFS order is); later
+            columns are not read (e.g. -1).
+        count     : Tensor [B] int64 | int32 on the cache device, each in [0, min(M, num_appended)].
+        Host tensors are checked (``ValueError``, nothing changes); device tensors are not (no
+        sync): on CUDA the op skips a row that breaks the rules and flags it in
+        :attr:`errors` (see :meth:`check`). Runs ``specdec_ext.kv_compact_`` per layer where
+        it exists, else a gather then a scatter (correct when source and destination slots
+        overlap; an entry out of range moves garbage within the row's own slots, never out of
+        bounds).
+        """
+        num_appended = check_int("num_appended", num_appended, 0)
+        src_index, count = compact_rows(src_index, count, self.batch_size, num_appended, self.device)
+        if num_appended == 0 or src_index.shape[1] == 0:
+            return
+        base = self.lengths.to(torch.int64) - num_appended  # each row's first entry of the step
+        op = compact_op("kv_compact_")
+        if op is None:
+            gather_compact_(self.key_cache, self.value_cache, base, src_index, count, num_appended)
+            return
+        for layer in range(self.num_layers):
+            op(self.key_cache[layer], self.value_cache[layer], base, src_index, count, invalid=self.errors)
+
     def reset(self, rows: Optional[Sequence[int]] = None) -> None:
         """Empty the given rows (default all), e.g. when a new request takes a batch slot.
         Their stale keys / values stay (finite) until overwritten; their error flags clear."""
@@ -210,8 +244,8 @@ class KVCache:
         (one sync)."""
         if bool(self.errors.any()):
             rows = self.errors.nonzero().flatten().tolist()
-            raise DeviceFlagError(f"KVCache: rows {rows} had an overflowing append or an invalid rollback "
-                               "(skipped by the kernel)")
+            raise DeviceFlagError(f"KVCache: rows {rows} had an overflowing append, an invalid rollback or an "
+                                  "invalid compaction (skipped by the kernel)")
 
     # ---- internals ---------------------------------------------------------------
     def _check_layer(self, layer: int) -> None:

@@ -14,6 +14,7 @@ from .._validate import check_int
 from ..errors import DeviceFlagError
 from ..ops.paged_kv import paged_kv_append_, paged_kv_gather
 from .block_manager import BlockManager, ceil_div
+from .compaction import compact_op, compact_rows, paged_gather_compact_
 
 __all__ = ["PagedKVCache"]
 
@@ -24,7 +25,7 @@ class PagedKVCache:
     Tensors (on ``device``)::
 
         key_cache, value_cache [num_layers, num_blocks, block_size, H, D] dtype (zero-initialised)
-        errors                 [] bool: sticky flag of the CUDA append kernel (invalid slot)
+        errors                 [] bool: sticky flag of the CUDA append / compact kernels (invalid slot or row)
 
     A decoding step over sequences ``seqs`` with S new tokens each::
 
@@ -149,6 +150,42 @@ class PagedKVCache:
         for seq, n in zip(seqs, new_lens):
             self.manager.rollback(seq, n)
 
+    def compact(self, seqs: Sequence[Hashable], num_appended: int, src_index: torch.Tensor,
+                count: torch.Tensor) -> None:
+        """Move kept entries of the step to its front, in every layer: for each sequence b
+        and j < count[b], entry j of its last ``num_appended`` entries receives entry
+        ``src_index[b, j]`` (as it was before the call). Lengths do not change: follow with
+        :meth:`rollback_many` (a tree step: ``src_index`` = the accepted path, ``count`` =
+        num_accepted + 1).
+
+        src_index : Tensor [B, M] int64 | int32; count : Tensor [B] int64 | int32, as in
+        :meth:`KVCache.compact <specdec_ext.cache.contiguous.KVCache.compact>` (host tensors
+        checked, device tensors not: the CUDA op skips a bad row and sets :attr:`errors`).
+        Runs ``specdec_ext.paged_kv_compact_`` per layer where it exists, else a gather then a
+        write (correct when sources and destinations overlap).
+        The step's slots were allocated by this step, so no block is shared (copy-on-write
+        already happened) and a write never reaches another sequence.
+        """
+        seqs = list(seqs)
+        num_appended = check_int("num_appended", num_appended, 0)
+        lens = [self.manager.length(s) for s in seqs]
+        short = [s for s, n in zip(seqs, lens) if n < num_appended]
+        if short:
+            raise ValueError(f"sequences {short!r} hold fewer than num_appended={num_appended} tokens")
+        src_index, count = compact_rows(src_index, count, len(seqs), num_appended, self.device)
+        if num_appended == 0 or src_index.shape[1] == 0 or not seqs:
+            return
+        base = torch.tensor([n - num_appended for n in lens], dtype=torch.int64).to(self.device)
+        tables = self.block_tables(seqs)
+        op = compact_op("paged_kv_compact_")
+        if op is None:
+            paged_gather_compact_(self.key_cache, self.value_cache, tables, base, src_index, count, num_appended)
+            return
+        invalid = torch.zeros(len(seqs), dtype=torch.bool, device=self.device)
+        for layer in range(self.num_layers):
+            op(self.key_cache[layer], self.value_cache[layer], tables, base, src_index, count, invalid=invalid)
+        self.errors |= invalid.any()  # the cache's one sticky flag (no sync)
+
     def fork(self, seq: Hashable, new_seq: Optional[Hashable] = None) -> Hashable:
         return self.manager.fork(seq, new_seq)
 
@@ -157,6 +194,7 @@ class PagedKVCache:
 
     def check(self) -> None:
         """Raise :class:`~specdec_ext.errors.DeviceFlagError` if the CUDA append kernel met an
-        invalid slot (one sync)."""
+        invalid slot or the compact kernel an invalid row (one sync)."""
         if bool(self.errors):
-            raise DeviceFlagError("PagedKVCache: an append met a slot out of range (skipped by the kernel)")
+            raise DeviceFlagError("PagedKVCache: an append met a slot out of range, or a compaction an invalid row "
+                                  "(skipped by the kernel)")

@@ -2,6 +2,7 @@
 
 - :mod:`.engine`      :class:`SpeculativeEngine` (the driver of a run)
 - :mod:`.phases`      draft / score / verify / rollback of one step
+- :mod:`.tree`        tree speculation: the tree's shape and the phases of a tree step
 - :mod:`.commit`      the pure host function deciding what each row emits and keeps
 - :mod:`.run`         the host state of one run
 - :mod:`.rng_keys`    which Philox offset each draw uses

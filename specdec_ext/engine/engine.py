@@ -28,6 +28,13 @@ go to both the draft's :func:`specdec_ext.sample` (so ``draft_probs`` is the fil
 and :func:`specdec_ext.verify` (which tests against the filtered p'): the output follows
 the filtered target law exactly.
 
+Tree speculation (``tree=(b_1, .., b_D)``, :mod:`.tree`): the draft proposes a token tree
+(b_l children per node at depth l - 1, one draft forward per depth), the target scores
+every node in one forward with a tree attention mask, :func:`specdec_ext.verify_tree` walks
+it (multi-draft speculative sampling), and both caches move the accepted path's entries to
+the front of the step's (``compact``) before the usual rollback. The step's accounting is a
+chain's with K = the tree's depth (``GenerationOutput.steps`` counts target passes).
+
 Randomness and K: every draw is keyed by :class:`.rng_keys.StepKeys` (that module documents
 seeds and offsets). With a ``seed`` the run is reproducible: adaptive K then uses a frozen
 cost model (the models' parameter counts, see :func:`.adaptive_k.hinted_costs`) instead of
@@ -44,6 +51,7 @@ from typing import List, Optional, Sequence, Union
 import torch
 
 from .._validate import check_int
+from ..cache import TreeNodes
 from ..errors import CacheFullError, OutOfBlocksError
 from ..models.base import adapt
 from ..ops._args import mode_arg
@@ -58,6 +66,7 @@ from .phases import (check_rows, draft_phase, drop_entries, ngram_drafts, overri
 from .rng_keys import StepKeys
 from .run import Run
 from .timing import SyncDebug, make_timer
+from .tree import TREE_MODES, TreeShape, choose_depth, compact_caches, draft_entries, draft_tree, verify_tree_phase
 
 __all__ = ["SpeculativeEngine"]
 
@@ -121,12 +130,24 @@ class SpeculativeEngine:
         (:mod:`.rng_keys`), so the text equals target-only sampling (k = 0) with the same
         seed, token for token, whatever K, the draft or (with per-row seeds) the batch.
         Both emit tokens that follow the (filtered) target law exactly.
+    tree : sequence of ints >= 1, optional
+        Tree speculation: the branching per depth, e.g. ``(4, 2, 2)`` = 4 candidates for the
+        next token, 2 after each of them, 2 after each of those (1 + 4 + 8 + 16 = 29 nodes,
+        depth 3). ``k`` and ``adaptive_k`` then play no part (the depth only shrinks near
+        the end of a row's budget or of the caches). Needs a draft model (drafter 'auto' or
+        'model') and models with :attr:`SpecModel.supports_tree` (``LlamaSpecModel``,
+        ``HFBatchedSpecModel``), and ``verify_mode='exact'``.
+    tree_mode : 'sampled' | 'topk'
+        How the draft picks a node's children (rows at T > 0; greedy rows always take the
+        draft's top-b). 'sampled': b i.i.d. draws from the draft's law q (verify_tree gets
+        q: multi-draft speculative sampling). 'topk': the draft's b most likely tokens,
+        deterministic candidates (no q). Both are exact.
     """
 
     def __init__(self, target, draft=None, k: int = 5, adaptive_k: Union[bool, str] = True,
                  metrics: Optional[SpecDecMetrics] = None, pad_token_id: Optional[int] = None,
                  step_costs: Optional[StepCosts] = None, drafter: str = "auto", max_ngram: int = 3,
-                 verify_mode: str = "exact"):
+                 verify_mode: str = "exact", tree: Optional[Sequence[int]] = None, tree_mode: str = "sampled"):
         self.k_max = check_int("k", k, 0)
         self.coupled = mode_arg(verify_mode, "verify_mode")  # verify_mode == "coupled"
         self.max_ngram = check_int("max_ngram", max_ngram, 1)
@@ -152,9 +173,31 @@ class SpeculativeEngine:
         if step_costs is not None and not isinstance(step_costs, StepCosts):
             raise TypeError(f"step_costs must be a StepCosts, got {type(step_costs).__name__}")
         self.device = torch.device(self.target.device)
+        if tree_mode not in TREE_MODES:
+            raise ValueError(f"tree_mode must be one of {TREE_MODES}, got {tree_mode!r}")
+        self.tree = None if tree is None else self._check_tree(tree)
+        self.tree_sampled = tree_mode == "sampled"
         self.metrics = metrics
         self.pad_token_id = None if pad_token_id is None else check_int("pad_token_id", pad_token_id)
         self.step_costs = step_costs
+
+    def _check_tree(self, tree) -> TreeShape:
+        """The tree's shape, after checking that this engine can speculate trees."""
+        shape = TreeShape(tree)
+        if self.draft is None or self.drafter != "model":
+            raise ValueError(f"tree speculation needs a draft model that drafts every step (drafter 'auto' or "
+                             f"'model'); drafter {self.drafter!r} proposes chains")
+        if self.coupled:
+            raise ValueError("tree speculation verifies with verify_mode='exact' only "
+                             "(verify_tree has no coupled mode)")
+        for name, model in self.models:
+            if not model.supports_tree:
+                raise ValueError(f"{name} model ({type(model).__name__}) does not support tree speculation: it needs "
+                                 "forward_tree and compact (LlamaSpecModel and HFBatchedSpecModel have them; the "
+                                 "per-row HFSpecModel path cannot take a tree mask on its DynamicCache)")
+        if max(shape.branching) > self.target.vocab_size:
+            raise ValueError(f"tree branching {max(shape.branching)} exceeds the vocabulary ({self.target.vocab_size})")
+        return shape
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: Union[float, torch.Tensor] = 0.0,
@@ -214,8 +257,9 @@ class SpeculativeEngine:
                                                          for n, v in filters.items()},
                                 self._to_device(seed) if isinstance(seed, torch.Tensor) else seed)
         pad = self.pad_token_id if self.pad_token_id is not None else (min(eos) if eos else 0)
+        keys = StepKeys(self.tree.num_nodes() - 1) if self.tree is not None else StepKeys(self.k_max, self.coupled)
         run = Run(ids, prompts, max_new_tokens, eos, pad, sampling, bool((temps == 0).all()),
-                  StepKeys(self.k_max, self.coupled), self._policy(temps), costs,
+                  keys, self._policy(temps), costs,
                   self._to_device(torch.tensor([p[-1] for p in prompts], dtype=torch.int64)))
         run.draft_model = self.draft is not None
         self._set_positions(run)
@@ -252,11 +296,13 @@ class SpeculativeEngine:
         """Reset both models for the batch and check, before any forward, that each row fits.
         A row needs its prompt plus max_new_tokens - 1 positions (the last emitted token is
         never fed, and K is clipped to the budget left). A finished row keeps running in the
-        batch, so the caches get k + 1 positions of slack where the models allow (K is
-        clipped to the room left, see :meth:`Run.choose_ks`). Returns the cache length."""
+        batch, so the caches get k + 1 positions of slack (a tree: its N nodes) where the
+        models allow (K, or the tree's depth, is clipped to the room left, see
+        :meth:`Run.choose_ks` and :func:`.tree.choose_depth`). Returns the cache length."""
         need = [len(p) + max_new_tokens - 1 for p in prompts]
         caps = [m.max_positions for _, m in self.models if m.max_positions is not None]
-        cache_len = min([max(need) + self.k_max + 1] + caps)
+        slack = self.k_max + 1 if self.tree is None else self.tree.num_nodes()
+        cache_len = min([max(need) + slack] + caps)
         for name, model in self.models:
             if model.max_positions is not None and max(need) > model.max_positions:
                 raise CacheFullError(f"{name} model: a prompt of {max(len(p) for p in prompts)} tokens + "
@@ -264,7 +310,7 @@ class SpeculativeEngine:
                                      f"capacity of {model.max_positions}")
             try:
                 model.reset(len(prompts), cache_len)
-                model.reserve([min(cache_len, n + self.k_max + 1) for n in need])
+                model.reserve([min(cache_len, n + slack) for n in need])
             except (CacheFullError, OutOfBlocksError) as e:
                 raise type(e)(f"{name} model: {e}") from e
         for _, model in self.models:
@@ -273,6 +319,8 @@ class SpeculativeEngine:
 
     def _step(self, run: Run, sync: SyncDebug) -> None:
         """One draft -> score -> verify -> commit -> rollback step of the whole batch."""
+        if self.tree is not None:
+            return self._tree_step(run, sync)
         t0 = time.perf_counter()
         timer = make_timer(self.device)
         with sync:
@@ -299,6 +347,41 @@ class SpeculativeEngine:
         self._set_positions(run)
         self._account(run, k, commits, timer.read(), time.perf_counter() - t0)
 
+    def _tree_step(self, run: Run, sync: SyncDebug) -> None:
+        """One tree step (:mod:`.tree`): draft the tree -> score every node -> verify_tree ->
+        compact both caches -> commit and roll back as a chain of K = the step's depth."""
+        t0 = time.perf_counter()
+        timer = make_timer(self.device)
+        shape, B = self.tree, len(run.prompts)
+        depth = choose_depth(shape, run)
+        N, parents = shape.num_nodes(depth), shape.parents_on(depth, self.device)
+        with sync:
+            timer.mark()
+            if depth > 0:
+                tree_ids, draft_probs = draft_tree(self.draft, run.pending, shape, depth, run.last, run.sampling,
+                                                   run.keys, run.step, self.tree_sampled,
+                                                   self.tree_sampled and not run.greedy, self._to_device)
+            else:  # no room or budget for drafts: a plain target step
+                tree_ids, draft_probs = run.last.view(B, 1), None
+            timer.mark()
+            logits = self.target.forward_tree(tree_ids.clamp(min=0), TreeNodes(parents))
+            timer.mark()
+            result, packed = verify_tree_phase(logits, tree_ids, parents, draft_probs, run.sampling,
+                                               run.keys.verify(run.step), depth)
+            timer.mark()
+            compact_caches(self.target, self.draft if depth > 0 else None, result, shape, depth)
+        rows = packed.cpu().tolist()  # the step's ONE device -> host copy
+        check_rows(rows, depth, run.active, run.step)
+        appended = draft_entries(shape, depth, [len(p) for p in run.pending])
+        commits = commit_step(rows, depth, run.active, run.pending, [len(g) for g in run.generated],
+                              run.max_new_tokens, run.eos, ["drafted" if depth > 0 else "idle"] * B)
+        drop_entries(self.target, [N - (c.kept_target if c else 0) for c in commits])
+        if depth > 0:
+            drop_entries(self.draft, [n - (c.kept_draft if c else 0) for n, c in zip(appended, commits)])
+        run.apply(commits, depth)
+        run.last = self._to_device(torch.tensor(run.last_tokens(), dtype=torch.int64))
+        self._account(run, depth, commits, timer.read(), time.perf_counter() - t0, width=N)
+
     def _draft(self, run: Run, ks: List[int]):
         """(each row's K, draft_ids [B, K], draft_probs [B, K, V] or None, what the draft model
         did per row), K = the step's largest row K. n-gram proposals where the drafter uses
@@ -320,16 +403,17 @@ class SpeculativeEngine:
         how = ["idle" if k == 0 else ("overridden" if b in rows else "drafted") for b in range(B)]
         return ks, draft_ids, draft_probs, how
 
-    def _account(self, run: Run, k: int, commits, phases, step_s: float) -> None:
+    def _account(self, run: Run, k: int, commits, phases, step_s: float, width: Optional[int] = None) -> None:
         """Phase times, the cost model's measurements and the metrics of one step (K: the
-        step's largest row K; the metrics count each active row's K)."""
+        step's largest row K, or a tree's depth; the metrics count each active row's K;
+        ``width``: tokens per row of the target forward, default K + 1)."""
         draft_s, target_s, verify_s = phases
         p = run.phase
         p.draft, p.target, p.verify = p.draft + draft_s, p.target + target_s, p.verify + verify_s
         p.other += max(0.0, step_s - draft_s - target_s - verify_s)
         if k > 0:
             run.costs.add_draft(draft_s / k)
-        run.costs.add_target(k + 1, target_s)
+        run.costs.add_target(k + 1 if width is None else width, target_s)
         if self.metrics is not None:
             done = [c for c in commits if c is not None]
             self.metrics.record_step(k, sum(c.tested for c in done), sum(c.accepted for c in done),

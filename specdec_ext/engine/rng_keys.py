@@ -22,6 +22,12 @@ Every (step, i) pair gets its own offset because K <= k_max, so no number is reu
 a run, and the same seed and K decisions reproduce the same text. A different K or draft
 gives a different (equally exact) text.
 
+Offsets, tree speculation (``SpeculativeEngine(tree=...)``, exact mode; N = the full tree's
+nodes): the run's keys are ``StepKeys(k_max = N - 1)``, so the draw of tree node n >= 1 at
+step s uses draft offset ``s * N + n - 1`` (one offset per node: siblings drawn i.i.d. from
+the same law get independent numbers, with an int seed or per-row seeds alike), and
+verify_tree uses offset ``s``.
+
 Offsets, ``verify_mode="coupled"`` (keyed by token position, not by step): let P_b be the
 absolute position in row b's sequence (prompt tokens first, counted without padding) of
 the next token the row emits.

@@ -6,6 +6,12 @@ row and reads their logits, and (3) rolls rows back on the device. Rows may hold
 different numbers of tokens (ragged prompts, different acceptance counts): the model
 keeps one length per row.
 
+Tree speculation (``SpeculativeEngine(tree=...)``) needs two more methods, optional for
+other uses: :meth:`SpecModel.forward_tree` (feed tree nodes with a tree mask and tree
+positions) and :meth:`SpecModel.compact` (move the accepted path's entries to the front
+of the step's); :attr:`SpecModel.supports_tree` says whether a model has both. The shipped
+``LlamaSpecModel`` and ``HFBatchedSpecModel`` do; ``HFSpecModel`` does not.
+
 Wrappers shipped with the package (``adapt`` picks one for a raw model):
 
 - :class:`specdec_ext.models.llama.LlamaSpecModel`: the package's reference Llama decoder
@@ -20,9 +26,12 @@ from __future__ import annotations
 
 import abc
 import warnings
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from ..cache import TreeNodes
 
 __all__ = ["SpecModel", "adapt"]
 
@@ -66,6 +75,42 @@ class SpecModel(abc.ABC):
 
         num_kept : Tensor [B] int64 (device or CPU), each in [0, num_appended]
         """
+
+    # ---- tree speculation (optional) ---------------------------------------------
+    def forward_tree(self, input_ids: torch.Tensor, tree: "TreeNodes") -> torch.Tensor:
+        """Process S tree nodes per row and return their logits (tree speculation).
+
+        input_ids : Tensor [B, S] int64 on ``device``: nodes ``tree.start .. tree.start + S - 1``
+            of the tree ``tree.parents`` (int64 [P] or [B, P] on ``device``, parents[0] = -1,
+            0 <= parents[n] < n). The tree's node 0 sits at slot ``length[b] - tree.start``
+            and node n at that slot + n (the new tokens are appended as in :meth:`forward`);
+            node n takes position ``length[b] - tree.start + depth(n)`` and attends to the
+            row's entries before node 0 plus its own ancestors and itself
+            (:func:`~specdec_ext.tree_attention_mask`).
+        returns   : Tensor [B, S, V] logits; each row's length advances by S.
+
+        Default: ``NotImplementedError`` (the model does not support tree speculation).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support tree speculation (no forward_tree)")
+
+    def compact(self, num_appended: int, src_index: torch.Tensor, count: torch.Tensor) -> None:
+        """Of the last ``num_appended`` entries of each row, entry j (j < count[b]) receives
+        entry ``src_index[b, j]`` as it was before the call; lengths do not change (a
+        :meth:`rollback` follows). Tree speculation moves the accepted path's entries to the
+        front this way.
+
+        src_index : Tensor [B, M] int64 on ``device``, ``src_index[b, :count[b]]`` strictly
+            increasing in [0, num_appended) (the accepted path: the root 0, then its nodes);
+        count : Tensor [B] int64 on ``device``, in [0, M].
+        Default: ``NotImplementedError``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support tree speculation (no compact)")
+
+    @property
+    def supports_tree(self) -> bool:
+        """True when the model overrides both :meth:`forward_tree` and :meth:`compact`."""
+        cls = type(self)
+        return cls.forward_tree is not SpecModel.forward_tree and cls.compact is not SpecModel.compact
 
 
 def adapt(model) -> SpecModel:

@@ -32,6 +32,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from .._validate import check_int
+from ..cache import TreeNodes
 from ..errors import CacheFullError
 from .base import SpecModel
 from .compiling import RECOMPILE_LIMIT, compile_step
@@ -145,7 +146,7 @@ class SpecDecCache(Cache):
                    dtype=param.dtype, device=param.device)
 
     # ---- steps -------------------------------------------------------------------
-    def begin_step(self, num_tokens: int) -> LlamaCacheStep:
+    def begin_step(self, num_tokens: int, tree: Optional[TreeNodes] = None) -> LlamaCacheStep:
         """Open a step of ``num_tokens`` (S) tokens per row; nothing is written yet.
 
         Raises :class:`~specdec_ext.errors.CacheFullError` (nothing changes) when a row
@@ -154,11 +155,12 @@ class SpecDecCache(Cache):
         and ``mask`` Tensor [B, 1, S, kv_len] of ``dtype`` (additive, for ``attention_mask``),
         or None for one token of one row whose host length is exact: it sees every key, and
         the causal mask transformers then builds from :meth:`get_mask_sizes` is the same
-        (sdpa skips it, and GQA runs without repeating keys).
+        (sdpa skips it, and GQA runs without repeating keys). ``tree``: the S tokens are tree
+        nodes (:class:`~specdec_ext.cache.TreeNodes`): tree positions and mask (never None).
         """
         if self._step is not None:
             raise RuntimeError("SpecDecCache.begin_step: the previous step was not ended (call end_step())")
-        step = self._kv.begin(check_int("num_tokens", num_tokens, 1))
+        step = self._kv.begin(check_int("num_tokens", num_tokens, 1), tree)
         self._step, self._implicit = step, False
         return step
 
@@ -290,6 +292,13 @@ class SpecDecCache(Cache):
             raise RuntimeError("SpecDecCache.rollback inside an open step (call end_step() first)")
         self._kv.rollback(num_appended, num_kept)
 
+    def compact(self, num_appended: int, src_index: torch.Tensor, count: torch.Tensor) -> None:
+        """:meth:`KVCache.compact <specdec_ext.cache.contiguous.KVCache.compact>`: of the last
+        ``num_appended`` entries of each row, entry j < count[b] receives entry src_index[b, j]."""
+        if self._step is not None:
+            raise RuntimeError("SpecDecCache.compact inside an open step (call end_step() first)")
+        self._kv.compact(num_appended, src_index, count)
+
     def check(self) -> None:
         """Raise :class:`~specdec_ext.errors.DeviceFlagError` if a CUDA kernel flagged a row (one sync)."""
         self._kv.kv.check()
@@ -384,13 +393,14 @@ class HFBatchedSpecModel(SpecModel):
         self._cache().reserve(row_lengths)
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, tree: Optional[TreeNodes] = None) -> torch.Tensor:
         """input_ids [B, S] int64 on ``device`` -> logits [B, S, V] of the model dtype; one
-        forward for the batch, each row at its own positions; lengths advance by S."""
+        forward for the batch, each row at its own positions; lengths advance by S. ``tree``:
+        the tokens are tree nodes (see :meth:`forward_tree`)."""
         cache = self._cache()
         if input_ids.dim() != 2 or input_ids.shape[0] != cache.batch_size:
             raise ValueError(f"input_ids must be [B, S] with B = {cache.batch_size}, got {tuple(input_ids.shape)}")
-        step = cache.begin_step(input_ids.shape[1])
+        step = cache.begin_step(input_ids.shape[1], tree)
         # A prefill into empty rows (kv_len == S) stays eager: compiled first, it would pin
         # kv_len == S into the graph (duck sizing) and make the decode steps recompile.
         run = self._run if step.kv_len > step.num_tokens else self.model
@@ -403,9 +413,19 @@ class HFBatchedSpecModel(SpecModel):
         cache.end_step()
         return out.logits
 
+    def forward_tree(self, input_ids: torch.Tensor, tree: TreeNodes) -> torch.Tensor:
+        """Tree nodes (see :meth:`SpecModel.forward_tree`): the model gets the tree's 4D mask
+        as ``attention_mask`` and the nodes' depths as ``position_ids``, which every family
+        of :data:`BATCHED_MODEL_TYPES` applies as given."""
+        return self.forward(input_ids, tree)
+
     def rollback(self, num_appended: int, num_kept: torch.Tensor) -> None:
         """lengths[b] -= num_appended - num_kept[b]; num_kept [B] int64, device (no sync) or CPU."""
         self._cache().rollback(num_appended, num_kept)
+
+    def compact(self, num_appended: int, src_index: torch.Tensor, count: torch.Tensor) -> None:
+        """Move kept entries to the front of the last ``num_appended`` (see :meth:`SpecModel.compact`)."""
+        self._cache().compact(num_appended, src_index, count)
 
     @property
     def lengths(self) -> torch.Tensor:

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..cache import TreeNodes
 from .base import SpecModel
 from .compiling import compile_step
 from .llama_cache import ContiguousLlamaCache, LlamaCacheStep, PagedLlamaCache
@@ -307,7 +308,8 @@ class LlamaModel(nn.Module):
 
     # ---- forward -----------------------------------------------------------------
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, cache: Optional[LlamaCache] = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: Optional[LlamaCache] = None,
+                tree: Optional[TreeNodes] = None) -> torch.Tensor:
         """Logits of S new tokens per row.
 
         Parameters
@@ -319,6 +321,10 @@ class LlamaModel(nn.Module):
             (ragged rows), attend to the row's cached tokens and causally to each other,
             are appended, and the lengths advance by S. Without one, each row is a whole
             sequence starting at position 0.
+        tree : TreeNodes, optional (needs a cache)
+            The S tokens are tree nodes (tree speculation): each takes its tree position and
+            attends to the row's cache before the tree root plus its own ancestors, not
+            causally to the other new tokens (see :class:`~specdec_ext.cache.TreeNodes`).
 
         Returns
         -------
@@ -334,6 +340,8 @@ class LlamaModel(nn.Module):
         B, S = input_ids.shape
         if S < 1:
             raise ValueError(f"input_ids must hold at least one token per row, got shape {tuple(input_ids.shape)}")
+        if tree is not None and cache is None:
+            raise ValueError("a tree step needs a cache (the tree's root is located by the cache lengths)")
         if cache is None:
             positions = torch.arange(S, device=self.device).expand(B, S)
             table_len, step = S, None
@@ -343,7 +351,7 @@ class LlamaModel(nn.Module):
             if cache.dtype != self.dtype or cache.device != self.device:
                 raise ValueError(f"cache ({cache.dtype}, {cache.device}) does not match the model "
                                  f"({self.dtype}, {self.device})")
-            step = cache.begin(S)
+            step = cache.begin(S, tree)
             # Positions past max_len only occur in a step the cache will refuse; clamp so that
             # the table lookup cannot fault on the device before the refusal.
             positions = step.positions.clamp(max=cache.max_len - 1)
@@ -599,9 +607,18 @@ class LlamaSpecModel(SpecModel):
         """input_ids [B, S] int64 -> logits [B, S, V] of the model dtype; appends and advances."""
         return self.model(input_ids, self._cache())
 
+    def forward_tree(self, input_ids: torch.Tensor, tree: TreeNodes) -> torch.Tensor:
+        """input_ids [B, S] int64 (tree nodes, see :meth:`SpecModel.forward_tree`) -> logits
+        [B, S, V] of the model dtype; appends and advances."""
+        return self.model(input_ids, self._cache(), tree)
+
     def rollback(self, num_appended: int, num_kept: torch.Tensor) -> None:
         """lengths[b] -= num_appended - num_kept[b]; num_kept [B] int64, device or CPU."""
         self._cache().rollback(num_appended, num_kept)
+
+    def compact(self, num_appended: int, src_index: torch.Tensor, count: torch.Tensor) -> None:
+        """Move kept entries to the front of the last ``num_appended`` (see :meth:`SpecModel.compact`)."""
+        self._cache().compact(num_appended, src_index, count)
 
     @property
     def lengths(self) -> torch.Tensor:

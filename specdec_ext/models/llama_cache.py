@@ -17,6 +17,10 @@ The model drives a cache like this for S new tokens per row::
         keys, values = cache.append(layer, k, v, step)   # k, v [B, Hkv, S, D]
         ... SDPA(q, keys, values, attn_mask=step.mask)
     cache.finish(step)                            # lengths += S
+
+For tree speculation ``begin(S, tree)`` takes the :class:`~specdec_ext.cache.TreeNodes` the
+step feeds (tree positions and mask instead of the chain's), and ``compact`` moves the
+accepted path's entries to the front of the step's before the rollback.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from .._validate import check_int
-from ..cache import KVCache, PagedKVCache, spec_attention_mask
+from ..cache import KVCache, PagedKVCache, TreeNodes, spec_attention_mask
 from ..cache.block_manager import ceil_div
 from ..errors import CacheFullError, OutOfBlocksError
 from ..ops.kv import kv_append_
@@ -64,7 +68,8 @@ def _check_rows_fit(row_lengths: Sequence[int], max_len: int) -> None:
 class LlamaCacheStep:
     """One forward step of S tokens per row.
 
-    positions : Tensor [B, S] int64 on the cache device, ``lengths[b] + arange(S)``
+    positions : Tensor [B, S] int64 on the cache device, ``lengths[b] + arange(S)`` (a tree
+                step: ``lengths[b] - start + depth`` of each node, see :class:`TreeNodes`)
     num_tokens: S
     kv_len    : keys attention reads this step (set by ``begin``)
     mask      : Tensor [B, 1, S, kv_len] additive mask of the model dtype, one for every layer (set with
@@ -115,14 +120,18 @@ class ContiguousLlamaCache:
         """Empty every row (stale keys stay, finite, until overwritten)."""
         self.kv.reset()
 
-    def begin(self, num_tokens: int) -> LlamaCacheStep:
+    def begin(self, num_tokens: int, tree: Optional[TreeNodes] = None) -> LlamaCacheStep:
         """Check capacity (``CacheFullError``, nothing written, when a row would pass
-        ``max_len``) and fix the step's ``kv_len`` and mask once for every layer."""
+        ``max_len``) and fix the step's ``kv_len`` and mask once for every layer (``tree``:
+        the tree nodes the step feeds, with their positions and mask)."""
         kv = self.kv
         # The host checks of KVCache.append, once per step instead of once per layer. kv_len
         # is fixed for the whole step: the host mirror may be refreshed (shrink) between
         # layers after a device rollback, and every layer must match one mask.
         kv_len, exact = kv.begin_step(num_tokens)
+        if tree is not None:
+            pos, mask = tree.step_inputs(kv.lengths, num_tokens, kv_len, self.dtype)
+            return LlamaCacheStep(positions=pos, num_tokens=num_tokens, kv_len=kv_len, mask=mask)
         pos = kv.lengths.view(-1, 1) + torch.arange(num_tokens, device=self.device, dtype=torch.int64)
         if num_tokens == 1 and self.batch_size == 1 and exact:
             # One token of one row with an exact host length: it sees all kv_len keys (the
@@ -154,6 +163,10 @@ class ContiguousLlamaCache:
         (invalid rows are flagged in ``kv.errors``, see :meth:`KVCache.check`); a host one is
         validated here (``ValueError``, nothing changed)."""
         self.kv.rollback(num_appended, num_kept)
+
+    def compact(self, num_appended: int, src_index: torch.Tensor, count: torch.Tensor) -> None:
+        """:meth:`KVCache.compact` (float64 entries move as their float32 words)."""
+        self.kv.compact(num_appended, src_index, count)
 
 
 class PagedLlamaCache:
@@ -207,17 +220,22 @@ class PagedLlamaCache:
                                    f"(rows reaching {list(row_lengths)} tokens) but the pool has "
                                    f"{self.paged.num_blocks}")
 
-    def begin(self, num_tokens: int) -> LlamaCacheStep:
+    def begin(self, num_tokens: int, tree: Optional[TreeNodes] = None) -> LlamaCacheStep:
+        """Check capacity, reserve the step's slots and fix its kv_len and mask (``tree``: as
+        in :meth:`ContiguousLlamaCache.begin`)."""
         past = [self.paged.length(s) for s in self.seqs]
         over = [b for b, n in enumerate(past) if n + num_tokens > self.max_len]
         if over:
             raise CacheFullError(f"PagedLlamaCache: rows {over} hold {[past[b] for b in over]} tokens; "
                              f"{num_tokens} more would exceed max_len={self.max_len} (refused; nothing changed)")
+        kv_len = max(past) + num_tokens
+        if tree is not None:  # before allocating: a bad tree changes nothing
+            pos, mask = tree.step_inputs(self._lengths, num_tokens, kv_len, self.dtype)
+        else:
+            pos = self._lengths.view(-1, 1) + torch.arange(num_tokens, device=self.device, dtype=torch.int64)
+            mask = spec_attention_mask(self._lengths, num_tokens, kv_len, self.dtype)
         # Reserve the slots now (all rows or none: OutOfBlocksError changes nothing).
         slots = self.paged.allocate(self.seqs, num_tokens)
-        pos = self._lengths.view(-1, 1) + torch.arange(num_tokens, device=self.device, dtype=torch.int64)
-        kv_len = max(past) + num_tokens
-        mask = spec_attention_mask(self._lengths, num_tokens, kv_len, self.dtype)
         return LlamaCacheStep(positions=pos, num_tokens=num_tokens, kv_len=kv_len, mask=mask,
                               slots=slots, past=past)
 
@@ -245,6 +263,10 @@ class PagedLlamaCache:
             num_kept = [num_kept] * self.batch_size
         self.paged.rollback_many(self.seqs, num_appended, num_kept)
         self._sync_lengths()
+
+    def compact(self, num_appended: int, src_index: torch.Tensor, count: torch.Tensor) -> None:
+        """:meth:`PagedKVCache.compact` over the rows (float64 entries move as their float32 words)."""
+        self.paged.compact(self.seqs, num_appended, src_index, count)
 
     def _sync_lengths(self) -> None:
         self._lengths.copy_(self.host_lengths())
