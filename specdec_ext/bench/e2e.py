@@ -59,6 +59,7 @@ import torch
 from .. import bundled
 from ..engine.adaptive_k import predicted_speedup
 from ..engine import SpeculativeEngine
+from .timing import busiest, machine_load, warn_if_busy
 
 PROMPTS = [
     "def fibonacci(n):",
@@ -328,10 +329,11 @@ def bench_device(device, args, rows, bar, done_block=lambda: None):
             cfgs = configs(target, draft, compiled, hf_target, hf_draft, hf_compiled, B, T, groups, args)
             bar.total += len(cfgs) * args.repeats
             results = timed_rounds(cfgs, args.repeats, bar)
+            load = machine_load()  # the load the block was timed under (check_targets refuses busy runs)
             by_method = {c.method: runs for c, runs in zip(cfgs, results)}
             first = len(rows)
             for c, runs in zip(cfgs, results):
-                rows.append(summarize(device, B, T, c, runs, by_method[c.base]))
+                rows.append(dict(summarize(device, B, T, c, runs, by_method[c.base]), **load))
                 print_row(rows[-1])
             for line in tree_summary(rows[first:], args.tree or ()):
                 print(line)
@@ -427,13 +429,14 @@ def main(argv):
     def save():  # whole or not at all: a run killed while saving keeps the previous file
         if args.json:
             with open(args.json + ".tmp", "w") as f:
-                json.dump(dict(rows=rows, torch=torch.__version__), f, indent=1)
+                json.dump(dict(rows=rows, torch=torch.__version__, machine=machine_load()), f, indent=1)
             os.replace(args.json + ".tmp", args.json)
 
     for d in devices:
         bench_device(d, args, rows, bar, save)
     bar.close()
     save()
+    warn_if_busy(busiest(rows))  # one line on stderr when a block was timed with more load than cores
     if args.plot:
         plot(rows, args.plot)
     return 0
