@@ -193,3 +193,25 @@ def test_time_rounds_order_without_models():
     order.clear()
     t = generate.time_rounds(Fake("S", 4), None, ids, args, None, 4)
     assert order == ["S"] and t.base_tok_s == []
+
+
+# ---------------------------------------------------------------- tree speculation
+def test_tree_greedy_text_is_the_target_only_text(capsys):
+    """--tree 3 2 drafts trees with the draft model; at T = 0 the text equals the chain run's
+    (both equal target-only greedy decoding)."""
+    args = ["--prompt", "def fibonacci(n):", "--max-new-tokens", "12", "--no-baseline", "--no-progress"]
+    rc, tree_out, err = _main(capsys, *args, "--tree", "3", "2")
+    assert rc == 0, err
+    rc, chain_out, err = _main(capsys, *args, "--drafter", "model", "--k", "2")
+    assert rc == 0, err
+    assert tree_out.splitlines()[:-1] == chain_out.splitlines()[:-1]  # the text; the summary differs
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--tree", "2", "--drafter", "ngram"], "--tree drafts its tree with the draft model"),
+    (["--tree", "2", "--coupled"], "--tree verifies in exact mode only"),
+    (["--tree", "0"], "must be >= 1, got 0"),
+])
+def test_tree_errors_are_one_line(capsys, argv, msg):
+    rc, _, err = _main(capsys, "--prompt", "x", *argv)
+    assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err

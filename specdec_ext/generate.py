@@ -143,10 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="adapt K in [0, k] by the expected speedup from alpha and the measured step costs "
                          "(default: cost), or by 'threshold' (the simple rule)")
     ap.add_argument("--fixed-k", action="store_true", help="always draft exactly --k tokens (no adaptation)")
-    ap.add_argument("--drafter", choices=["model", "ngram", "hybrid"], default="ngram",
+    ap.add_argument("--drafter", choices=["model", "ngram", "hybrid"], default=None,
                     help="where drafts come from: the draft model, prompt lookup (n-gram) in the prompt and "
-                         "output (default: measured fastest on the bundled pair), or n-gram where a match "
-                         "exists and the model elsewhere")
+                         "output (default: measured fastest on the bundled pair; with --tree: model), or n-gram "
+                         "where a match exists and the model elsewhere")
+    ap.add_argument("--tree", type=_int_at_least(1), nargs="+", default=None, metavar="B",
+                    help="tree speculation with this branching per depth, e.g. --tree 4 2 2 (1 + 4 + 8 + 16 "
+                         "nodes scored in one target pass; needs the draft model; --k does not apply)")
+    ap.add_argument("--tree-mode", choices=["sampled", "topk"], default="sampled",
+                    help="a tree node's children: i.i.d. draws from the draft's law, or its top tokens")
     ap.add_argument("--max-ngram", type=_int_at_least(1), default=3, help="longest suffix n-gram matched")
     ap.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
     ap.add_argument("--top-k", type=_filter("top_k", int), default=None, help="keep the k most likely tokens (0 = off)")
@@ -194,6 +199,18 @@ def _uses_draft_model(args) -> bool:
     return args.drafter != "ngram"
 
 
+def _check_drafter(ap: argparse.ArgumentParser, args) -> None:
+    """--drafter defaults to ngram, or to model with --tree (which drafts with the model only)."""
+    if args.tree is None:
+        args.drafter = args.drafter or "ngram"
+        return
+    if args.drafter not in (None, "model"):
+        ap.error(f"--tree drafts its tree with the draft model: drop --drafter {args.drafter}")
+    if args.coupled:
+        ap.error("--tree verifies in exact mode only: drop --coupled")
+    args.drafter = "model"
+
+
 def _check_pair(ap: argparse.ArgumentParser, args) -> None:
     """--target / --draft: the bundled pair, or a target with a draft when one is used."""
     if args.draft is not None and args.target is None:
@@ -239,6 +256,7 @@ def check_args(ap: argparse.ArgumentParser, args) -> dict:
     """Everything that can be checked before loading a model (``ap.error`` on a problem),
     the prompt's length against the models' capacity included. Returns the target's
     config.json."""
+    _check_drafter(ap, args)
     _check_pair(ap, args)
     if args.rounds is not None and args.no_baseline:
         ap.error("--rounds times speculative against target-only runs; --no-baseline skips those (one timed run)")
@@ -453,7 +471,7 @@ def _engine(args, target, draft, metrics):
     return SpeculativeEngine(target, None if args.drafter == "ngram" else draft, k=args.k,
                              adaptive_k=False if args.fixed_k else args.adaptive, metrics=metrics,
                              drafter="auto" if args.drafter == "ngram" else args.drafter, max_ngram=args.max_ngram,
-                             verify_mode=_mode(args))
+                             verify_mode=_mode(args), tree=args.tree, tree_mode=args.tree_mode)
 
 
 def run(args, cfg: dict) -> int:
@@ -464,7 +482,11 @@ def run(args, cfg: dict) -> int:
         target, draft = _compiled(target), (_compiled(draft) if draft is not None else None)
     metrics = SpecDecMetrics(engine="cli") if args.metrics_port is not None else None
     server = metrics.serve(args.metrics_port) if metrics else None
-    engine = _engine(args, target, draft, metrics)
+    try:
+        engine = _engine(args, target, draft, metrics)
+    except ValueError as e:  # e.g. a model that cannot take a tree: one line, not a traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     # the loaded models' own limits (a sliding window, say), before any run: one line, the user's figures
     problem = fits_message(len(prompt_ids), args.max_new_tokens, [(n, m.max_positions) for n, m in engine.models])
     if problem:
