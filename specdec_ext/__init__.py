@@ -3,8 +3,8 @@
 Layers, bottom up (each package documents its modules):
 
 - :mod:`specdec_ext.ops`     the ``torch.ops.specdec.*`` custom ops: wrappers + fake kernels
-  (:func:`verify`, :func:`sample`, :func:`kv_append_`, :func:`kv_rollback_`,
-  :func:`paged_kv_append_`, :func:`paged_kv_gather`)
+  (:func:`verify`, :func:`sample`, :func:`kv_append_`, :func:`kv_rollback_`, :func:`kv_compact_`,
+  :func:`paged_kv_append_`, :func:`paged_kv_gather`, :func:`paged_kv_compact_`)
 - :mod:`specdec_ext.cache`   :class:`KVCache`, :class:`BlockManager`, :class:`PagedKVCache`,
   :func:`spec_attention_mask`, :func:`spec_attention_mask_bool`
 - :mod:`specdec_ext.models`  the model protocol (:class:`~specdec_ext.models.SpecModel`),
@@ -22,7 +22,8 @@ from .cache import (Allocation, BlockManager, KVCache, PagedKVCache, spec_attent
                     spec_attention_mask_bool)
 from .engine import GenerationOutput, RowStats, SpecDecMetrics, SpeculativeEngine
 from .errors import CacheFullError, DeviceFlagError, ModelOutputError, OutOfBlocksError, SpecDecError
-from .ops import VerifyResult, kv_append_, kv_rollback_, paged_kv_append_, paged_kv_gather, sample, verify
+from .ops import (VerifyResult, kv_append_, kv_compact_, kv_rollback_, paged_kv_append_, paged_kv_compact_,
+                  paged_kv_gather, sample, verify)
 
 __version__ = "0.1.0"
 
@@ -34,6 +35,6 @@ def has_cuda_kernels() -> bool:
 
 __all__ = ["Allocation", "BlockManager", "CacheFullError", "DeviceFlagError", "GenerationOutput", "KVCache",
            "ModelOutputError", "OutOfBlocksError", "PagedKVCache", "RowStats", "SpecDecError", "SpecDecMetrics",
-           "SpeculativeEngine", "VerifyResult", "has_cuda_kernels", "kv_append_", "kv_rollback_",
-           "paged_kv_append_", "paged_kv_gather", "sample", "spec_attention_mask", "spec_attention_mask_bool",
-           "verify"]
+           "SpeculativeEngine", "VerifyResult", "has_cuda_kernels", "kv_append_", "kv_compact_", "kv_rollback_",
+           "paged_kv_append_", "paged_kv_compact_", "paged_kv_gather", "sample", "spec_attention_mask",
+           "spec_attention_mask_bool", "verify"]

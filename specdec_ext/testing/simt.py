@@ -41,8 +41,8 @@ from ..ops import kv as _kv
 from ..ops import paged_kv as _paged_kv
 from ..ops import sampling as _sampling
 
-__all__ = ["BUILDS", "build", "kv_append_", "kv_rollback_", "load", "options", "paged_kv_append_",
-           "paged_kv_gather", "sample", "source_root", "verify"]
+__all__ = ["BUILDS", "build", "kv_append_", "kv_compact_", "kv_rollback_", "load", "options", "paged_kv_append_",
+           "paged_kv_compact_", "paged_kv_gather", "sample", "source_root", "verify"]
 
 #: compiler flags of each build (all: the SIMT macro, the emulated CUDA headers)
 BUILDS = {
@@ -137,6 +137,8 @@ kv_append_ = _on_simt(_kv.kv_append_)
 kv_rollback_ = _on_simt(_kv.kv_rollback_)
 paged_kv_append_ = _on_simt(_paged_kv.paged_kv_append_)
 paged_kv_gather = _on_simt(_paged_kv.paged_kv_gather)
+kv_compact_ = _on_simt(_kv.kv_compact_)
+paged_kv_compact_ = _on_simt(_paged_kv.paged_kv_compact_)
 
 
 @contextlib.contextmanager
