@@ -12,7 +12,7 @@ import torch
 import specdec_ext
 from compact_reference import (bits, patterns, random_bits, ref_compact, ref_in_place, ref_paged_compact,
                                row_error)
-from helpers import DEVICES
+from helpers import DEVICES, capture_graph
 from specdec_ext import kv_append_, kv_compact_, paged_kv_compact_
 
 cuda = pytest.mark.cuda
@@ -443,14 +443,7 @@ def test_compact_step_replayed_in_cuda_graph_cuda():
         kv_compact_(kc, vc, lengths, path, count, invalid=invalid)
         lengths.add_(count)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(step)
     kc.zero_()
     vc.zero_()
     lengths.copy_(init)
