@@ -171,6 +171,34 @@ inline PagedAppendLaunch prepare_paged_append(const at::Tensor& key_cache, const
   return L;
 }
 
+// An int32 / int64 [rows, N] index matrix on the cache's device (`layout` names its dims);
+// rows < 0: any number of rows.
+inline IndexMat index_mat(const at::Tensor& t, int64_t rows, const at::Tensor& cache, const char* name,
+                          const char* layout) {
+  TORCH_CHECK_VALUE(t.dim() == 2, name, " must be ", layout, ", got shape ", t.sizes());
+  TORCH_CHECK_VALUE(rows < 0 || t.size(0) == rows, name, " must be ", layout, " with B = ", rows,
+                    " rows, got shape ", t.sizes());
+  args::check_index_dtype(t, name);
+  check_device(t, cache, name, "key_cache");
+  IndexMat m;
+  m.cols.ptr = const_cast<void*>(t.const_data_ptr());
+  m.cols.stride = t.stride(1);
+  m.cols.is64 = t.scalar_type() == at::kLong;
+  m.row_stride = t.stride(0);
+  return m;
+}
+
+// block_tables [B, max_blocks_per_seq] of a paged cache [num_blocks, block_size, H, D] (B: its rows).
+inline BlockTable block_table(const at::Tensor& block_tables, const at::Tensor& key_cache) {
+  TORCH_CHECK_VALUE(key_cache.size(1) >= 1, "key_cache must have block_size >= 1, got shape ", key_cache.sizes());
+  BlockTable T;
+  T.entries = index_mat(block_tables, -1, key_cache, "block_tables", "[B, max_blocks_per_seq]");
+  T.max_blocks = block_tables.size(1);
+  T.block_size = key_cache.size(1);
+  T.num_blocks = key_cache.size(0);
+  return T;
+}
+
 // paged_kv_gather(key_cache [NB,BS,H,D], value_cache, block_tables [B,MB], lengths [B], max_len)
 // The outputs are allocated by the backend launcher; their pointers are set there.
 inline PagedGatherParams prepare_paged_gather(const at::Tensor& key_cache, const at::Tensor& value_cache,
@@ -178,27 +206,69 @@ inline PagedGatherParams prepare_paged_gather(const at::Tensor& key_cache, const
                                               int64_t max_len) {
   check_cache_pair(key_cache, value_cache, 4, "[num_blocks, block_size, H, D]");
   TORCH_CHECK_VALUE(max_len >= 0, "max_len must be >= 0, got ", max_len);
-  TORCH_CHECK_VALUE(key_cache.size(1) >= 1, "key_cache must have block_size >= 1, got shape ", key_cache.sizes());
-  TORCH_CHECK_VALUE(block_tables.dim() == 2, "block_tables must be [B, max_blocks_per_seq], got shape ",
-                    block_tables.sizes());
-  TORCH_CHECK_TYPE(args::is_index_dtype(block_tables), "block_tables must be int32 (or int64), got ",
-                   block_tables.scalar_type());
-  check_device(block_tables, key_cache, "block_tables", "key_cache");
-  const int64_t B = block_tables.size(0);
   PagedGatherParams P;
+  P.table = block_table(block_tables, key_cache);
+  const int64_t B = block_tables.size(0);
   P.lengths = index_vec(lengths, B, key_cache, "lengths", "B (rows of block_tables)");
-  P.block_tables.ptr = const_cast<void*>(block_tables.const_data_ptr());
-  P.block_tables.stride = block_tables.stride(1);
-  P.block_tables.is64 = block_tables.scalar_type() == at::kLong;
-  P.table_stride_b = block_tables.stride(0);
   pair_layout(key_cache, value_cache, P.cache, P.cache_stride);
   P.B = B;
   P.H = key_cache.size(2);
   P.max_len = max_len;
-  P.block_size = key_cache.size(1);
-  P.num_blocks = key_cache.size(0);
-  P.max_blocks = block_tables.size(1);
   P.row_bytes = key_cache.size(3) * static_cast<int64_t>(key_cache.element_size());
+  return P;
+}
+
+// The per-row arguments of kv_compact_ / paged_kv_compact_ (lengths [B], src_index [B, P],
+// count [B], invalid? [B]) and the caches' layout as blocks (strides of `blocks`, the caches
+// viewed [blocks, block_size, H, D]); the caches share no byte with anything else.
+inline void set_compact_rows(KVCompactParams& P, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                             const at::Tensor& key_blocks, const at::Tensor& value_blocks, const at::Tensor& lengths,
+                             const at::Tensor& src_index, const at::Tensor& count,
+                             const std::optional<at::Tensor>& invalid, const at::Tensor* block_tables) {
+  const char* b_name = block_tables ? "B (rows of block_tables)" : "B";
+  P.lengths = index_vec(lengths, P.B, key_cache, "lengths", b_name);
+  P.src = index_mat(src_index, P.B, key_cache, "src_index", "[B, P]");
+  P.count = index_vec(count, P.B, key_cache, "count", b_name);
+  P.invalid = flag_ptr(invalid, P.B, key_cache, "invalid", "[B]", &P.invalid_stride);
+  const args::Named tables = block_tables ? args::named(*block_tables, "block_tables") : args::Named{nullptr, ""};
+  args::check_writes({args::named(key_cache, "key_cache"), args::named(value_cache, "value_cache"),
+                      args::named(invalid, "invalid")},
+                     {args::named(lengths, "lengths"), args::named(src_index, "src_index"),
+                      args::named(count, "count"), tables});
+  pair_layout(key_blocks, value_blocks, P.cache, P.cache_stride);
+  P.H = key_blocks.size(2);
+  P.P = src_index.size(1);
+  P.row_bytes = key_cache.size(3) * static_cast<int64_t>(key_cache.element_size());
+}
+
+// kv_compact_(key_cache [B,H,M,D], value_cache, lengths [B], src_index [B,P], count [B], invalid? [B])
+inline KVCompactParams prepare_kv_compact(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                          const at::Tensor& lengths, const at::Tensor& src_index,
+                                          const at::Tensor& count, const std::optional<at::Tensor>& invalid) {
+  check_cache_pair(key_cache, value_cache, 4, "[B, H, max_len, D]");
+  KVCompactParams P;
+  P.B = key_cache.size(0);
+  P.table.block_size = key_cache.size(2);  // row b = block b of max_len positions
+  P.table.num_blocks = P.B;
+  // [B, max_len, H, D]: the (block, offset, h) strides
+  set_compact_rows(P, key_cache, value_cache, key_cache.transpose(1, 2), value_cache.transpose(1, 2), lengths,
+                   src_index, count, invalid, nullptr);
+  return P;
+}
+
+// paged_kv_compact_(key_cache [NB,BS,H,D], value_cache, block_tables [B,MB], lengths [B], src_index [B,P],
+// count [B], invalid? [B])
+inline KVCompactParams prepare_paged_compact(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                             const at::Tensor& block_tables, const at::Tensor& lengths,
+                                             const at::Tensor& src_index, const at::Tensor& count,
+                                             const std::optional<at::Tensor>& invalid) {
+  check_cache_pair(key_cache, value_cache, 4, "[num_blocks, block_size, H, D]");
+  KVCompactParams P;
+  P.paged = true;
+  P.table = block_table(block_tables, key_cache);
+  P.B = block_tables.size(0);
+  set_compact_rows(P, key_cache, value_cache, key_cache, value_cache, lengths, src_index, count, invalid,
+                   &block_tables);
   return P;
 }
 

@@ -157,12 +157,48 @@ inline constexpr const char* kPagedKvGatherIntoSchema =
     "paged_kv_gather_into_(Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor lengths, "
     "Tensor(a!) keys_out, Tensor(b!) values_out) -> ()";
 
+// Compact each row's accepted tokens in place after tree verification: for every row b and
+// j < count[b], position lengths[b] + j receives what position lengths[b] + src_index[b, j]
+// held BEFORE the call (all heads, all of D; keys and values). lengths are NOT changed (advance
+// them by count afterwards). Sources and destinations may overlap: src_index[b, :count[b]] is
+// strictly increasing from >= 0 (so src_index[b, j] >= j) and j is walked upwards per element.
+// Typical use: src_index = the verified tree path (root 0, then the accepted nodes), count =
+// num_accepted + 1, lengths = the length before the tree's N nodes went to lengths[b] ..
+// lengths[b]+N-1. Entries past count[b] are not read.
+//   key_cache, value_cache [B, H, M, D] (mutated; any strides with stride(3) == 1; not sharing bytes)
+//   lengths                [B] int32|int64 in [0, M]
+//   src_index              [B, P] int64|int32 (any strides)
+//   count                  [B] int32|int64 in [0, P]
+//   invalid                [B] bool or None: sticky flags, set by the CUDA kernel for a row whose
+//                          lengths, count or src_index break these rules or whose lengths[b] +
+//                          src_index[b, j] >= M; nothing is written to that row. CPU: such a batch
+//                          raises ValueError before writing (flags untouched).
+// lengths, src_index and count on the cache's device.
+inline constexpr const char* kKvCompactSchema =
+    "kv_compact_(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor lengths, Tensor src_index, "
+    "Tensor count, Tensor(c!)? invalid=None) -> ()";
+
+// kv_compact_ on a paged cache: position p of row b lives at slot block_tables[b, p // BS] * BS +
+// p % BS; the same moves, positions lengths[b] + j <- lengths[b] + src_index[b, j].
+//   key_cache, value_cache [NB, BS, H, D] (mutated; stride(3) == 1)
+//   block_tables           [B, max_blocks_per_seq] int32|int64
+//   lengths                [B] int32|int64 in [0, max_blocks_per_seq * BS]
+//   src_index, count       as in kv_compact_, with lengths[b] + src_index[b, j] < max_blocks_per_seq * BS
+//   invalid                [B] bool or None: as in kv_compact_, also for a row whose table entry of a
+//                          position it moves from or to is outside [0, NB)
+// No slot may be written by one (row, position) and used by another (e.g. a fork's shared blocks must
+// hold only positions < lengths[b]): CPU raises ValueError; CUDA does not detect it (undefined result).
+inline constexpr const char* kPagedKvCompactSchema =
+    "paged_kv_compact_(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor block_tables, Tensor lengths, "
+    "Tensor src_index, Tensor count, Tensor(c!)? invalid=None) -> ()";
+
 // Every op, in registration order; kCudaOps: the ops that have a CUDA kernel.
-inline constexpr const char* kAll[] = {kVerifySchema,        kSampleSchema,          kVerifyTreeSchema,          kVerifyReferenceSchema,
-                                       kSampleReferenceSchema, kKvAppendSchema,       kKvRollbackSchema,
-                                       kPagedKvAppendSchema,   kPagedKvGatherSchema,  kPagedKvGatherIntoSchema};
-inline constexpr const char* kCudaOps[] = {kVerifySchema,        kSampleSchema,        kVerifyTreeSchema,        kKvAppendSchema,
+inline constexpr const char* kAll[] = {kVerifySchema,          kSampleSchema,         kVerifyTreeSchema,
+                                       kVerifyReferenceSchema, kSampleReferenceSchema, kKvAppendSchema,
+                                       kKvRollbackSchema,      kPagedKvAppendSchema,  kPagedKvGatherSchema,
+                                       kPagedKvGatherIntoSchema, kKvCompactSchema,    kPagedKvCompactSchema};
+inline constexpr const char* kCudaOps[] = {kVerifySchema,        kSampleSchema,        kVerifyTreeSchema, kKvAppendSchema,
                                            kKvRollbackSchema,    kPagedKvAppendSchema, kPagedKvGatherSchema,
-                                           kPagedKvGatherIntoSchema};
+                                           kPagedKvGatherIntoSchema, kKvCompactSchema, kPagedKvCompactSchema};
 
 }  // namespace specdec::schemas

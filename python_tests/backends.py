@@ -26,7 +26,8 @@ SIMT_SCHEDULES = tuple(os.environ.get("SPECDEC_SIMT_SCHEDULES", "1,2,3").split("
 # the arguments each op writes (restored before each schedule, compared after)
 _MUTATED = {"verify": (), "sample": ("probs_out",), "verify_tree": (), "kv_append_": ("key_cache", "value_cache", "overflow"),
             "kv_rollback_": ("lengths", "invalid"), "paged_kv_append_": ("key_cache", "value_cache", "invalid"),
-            "paged_kv_gather": ("out",)}
+            "paged_kv_gather": ("out",), "kv_compact_": ("key_cache", "value_cache", "invalid"),
+            "paged_kv_compact_": ("key_cache", "value_cache", "invalid")}
 
 
 def _flatten(out):
@@ -81,6 +82,8 @@ class CudaBackend(_Backend):
     kv_rollback_ = staticmethod(specdec_ext.kv_rollback_)
     paged_kv_append_ = staticmethod(specdec_ext.paged_kv_append_)
     paged_kv_gather = staticmethod(specdec_ext.paged_kv_gather)
+    kv_compact_ = staticmethod(specdec_ext.kv_compact_)
+    paged_kv_compact_ = staticmethod(specdec_ext.paged_kv_compact_)
 
     def sync(self):
         torch.cuda.synchronize()

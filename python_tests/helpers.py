@@ -12,6 +12,20 @@ CUDA = torch.cuda.is_available() and specdec_ext.has_cuda_kernels()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
+def capture_graph(step):
+    """A CUDA graph of ``step()``, captured after one warm-up run on a side stream (allocator,
+    lazy initialisation): replay() runs the step again on whatever its tensors hold."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 def draft_inputs(B, K, V, dtype, seed):
     """Random verify inputs: logits [B, K+1, V] (N(0, 4), as ``dtype``), draft probabilities
     [B, K, V] near the target's softmax, and draft ids [B, K] drawn from them; CPU tensors."""

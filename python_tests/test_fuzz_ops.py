@@ -53,6 +53,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fuzz_strategies as fz  # noqa: E402
+from compact_reference import BITS, ref_compact, ref_paged_compact, row_error  # noqa: E402
 from fuzz_strategies import (FLOAT_DTYPES, INT64_MAX, INT64_MIN, TEMPERATURES, Snapshot, alias_pair,  # noqa: E402
                              describe, float_dtype, float_values, index_dtype, index_value, internal_overlap,
                              overlaps, prob_values, size, tensors)
@@ -80,6 +81,8 @@ ARG_NAMES = {
     "paged_kv_append_": ["key_cache", "value_cache", "new_k", "new_v", "slot_mapping", "invalid"],
     "paged_kv_gather": ["key_cache", "value_cache", "block_tables", "lengths", "max_len", "keys_out", "values_out",
                         "out"],
+    "kv_compact_": ["key_cache", "value_cache", "lengths", "src_index", "count", "invalid"],
+    "paged_kv_compact_": ["key_cache", "value_cache", "block_tables", "lengths", "src_index", "count", "invalid"],
     "spec_attention_mask": ["past_lens", "q_len", "kv_len", "dtype", "device"],
 }
 
@@ -1111,13 +1114,22 @@ def make_sample_case(via, args, how=None):
 
 
 @st.composite
-def cache_write_tensors(draw, c, cache_shape, new_shape):
-    """(key_cache, value_cache, new_k, new_v) for a cache write: usually one float dtype, now
-    and then a mismatched one (value_cache, new_k) or a bad one; values, layouts, meta per Chaos."""
+def written_cache_pair(draw, c, cache_shape):
+    """(key_cache, value_cache) an op writes: usually one float dtype, now and then a
+    mismatched or a bad one; values, layouts, meta per Chaos."""
     dtype = c.fdtype()
     kc = draw(tensors(draw(float_values(c.shape(cache_shape))), dtype, unit_last=True, meta=c.meta()))
     vdt = dtype if draw(st.integers(0, 11)) else draw(float_dtype(p_bad=2))
     vc = draw(tensors(draw(float_values(c.shape(cache_shape))), vdt, unit_last=True, meta=c.meta()))
+    return kc, vc
+
+
+@st.composite
+def cache_write_tensors(draw, c, cache_shape, new_shape):
+    """(key_cache, value_cache, new_k, new_v) for a cache write (written_cache_pair, and new
+    keys / values of the cache's dtype, now and then of value_cache's)."""
+    kc, vc = draw(written_cache_pair(c, cache_shape))
+    dtype, vdt = kc.dtype, vc.dtype
     nk = draw(tensors(draw(float_values(c.shape(new_shape))), dtype if draw(st.integers(0, 11)) else vdt,
                       meta=c.meta()))
     nv = draw(tensors(draw(float_values(c.shape(new_shape))), vdt, meta=c.meta()))
@@ -1352,6 +1364,179 @@ def make_paged_append_case(via, args, how=None):
         check_unchanged_except(snap, {"key_cache": ek, "value_cache": ev}, "paged_kv_append_ reference")
 
     return Case("paged_kv_append_", via, args, call, v, check, how)
+
+
+# =============================================================================================
+# kv_compact_ / paged_kv_compact_
+# =============================================================================================
+@st.composite
+def compact_rows(draw, B: int, P: int, cap: int):
+    """(lengths, src_index, count) values [B], [B, P], [B] (int64): mostly valid rows (a
+    length in [0, cap], count in [0, P], a strictly increasing src row that fits, junk past
+    count), now and then anything (index_value extremes)."""
+    lengths, src, count = [], [], []
+    for _ in range(B):
+        n = draw(spread_from(list(range(cap + 1))) if draw(st.integers(0, 15)) != 15 else index_value(cap))
+        room = cap - n if 0 <= n <= cap else 0
+        k = min(P, room)  # count: mostly >= 1 when the row has room
+        c = draw(spread_from(list(range(1, k + 1)) * 3 + [0]) if draw(st.integers(0, 15)) != 15 else index_value(P))
+        pick = sorted(draw(st.permutations(list(range(room))))[:max(0, min(c, room, P))]) if room else []
+        junk = draw(st.lists(index_value(cap), min_size=P, max_size=P))
+        row = (pick + junk)[:P]
+        if draw(st.integers(0, 15)) == 15:  # anything
+            row = draw(st.lists(index_value(cap), min_size=P, max_size=P))
+        lengths.append(n)
+        src.append(row)
+        count.append(c)
+    return (torch.tensor(lengths, dtype=torch.int64), torch.tensor(src, dtype=torch.int64).reshape(B, P),
+            torch.tensor(count, dtype=torch.int64))
+
+
+@st.composite
+def compact_cases(draw, paged: bool, alias: bool = False):
+    op = "paged_kv_compact_" if paged else "kv_compact_"
+    via = draw(st.sampled_from(["raw", "wrapper"]))
+    # sizes spread (hypothesis favours the smallest), 0 one time in ~10: most calls move something
+    B, H, D = draw(spread_from([2, 3, 1, 2, 3, 1, 2, 3, 1, 0])), draw(rarely_zero(2)), draw(rarely_zero(8))
+    P = draw(spread_from([3, 4, 2, 1, 4, 3, 2, 1, 3, 0]))
+    c = Chaos(draw, alias)
+    meta = c.meta
+    args = {}
+    if paged:
+        NB, BS, MB = draw(spread_from(list(range(1, 7)) * 2 + [0])), draw(rarely_zero(3)), draw(rarely_zero(3))
+        kc, vc = draw(written_cache_pair(c, [NB, BS, H, D]))
+        # Mostly each row its own blocks (a permutation); sometimes anything (shared / out of range).
+        perm = draw(st.permutations(list(range(max(NB, B * MB)))))
+        tvals = torch.tensor([[x if x < NB else -1 for x in perm[b * MB:(b + 1) * MB]] for b in range(B)],
+                             dtype=torch.int64).reshape(B, MB)
+        if draw(st.integers(0, 5)) == 5:
+            tvals = torch.tensor(draw(st.lists(st.one_of(st.integers(0, max(NB - 1, 0)), index_value(NB)),
+                                               min_size=B * MB, max_size=B * MB)), dtype=torch.int64).reshape(B, MB)
+        args["block_tables"] = draw(int_tensor(c.shape([B, MB]), dtype=c.idtype(), bound=NB, values=tvals,
+                                               meta=meta()))
+        cap = MB * BS
+    else:
+        M = draw(spread_from(list(range(1, 9)) * 2 + [0]))
+        kc, vc = draw(written_cache_pair(c, [B, H, M, D]))
+        cap = M
+    lvals, svals, cvals = draw(compact_rows(B, P, cap))
+    lengths = draw(int_tensor(c.shape([B]), dtype=c.idtype(), bound=cap, meta=meta(), values=lvals))
+    src = draw(int_tensor(c.shape([B, P]), dtype=c.idtype(), bound=cap, meta=meta(), values=svals))
+    count = draw(int_tensor(c.shape([B]), dtype=c.idtype(), bound=P, meta=meta(), values=cvals))
+    invalid = None
+    if draw(st.booleans()):
+        invalid = draw(tensors(torch.zeros(c.shape([B])), torch.bool if draw(st.integers(0, 9)) else torch.int64,
+                               meta=meta()))
+    args = dict(key_cache=kc, value_cache=vc, **args, lengths=lengths, src_index=src, count=count, invalid=invalid)
+    how = None
+    if alias:
+        args, how = draw(alias_some_pair(args, ARG_NAMES[op], unit_last=("key_cache", "value_cache")))
+    return make_compact_case(paged, via, args, how)
+
+
+def compact_verdict(v: Verdict, paged: bool, a: Dict[str, Any]):
+    """The rules of kv_compact_ / paged_kv_compact_ on the metadata, then (CPU, metadata fine)
+    on the values; returns B."""
+    kc, vc, src, tables = a["key_cache"], a["value_cache"], a["src_index"], a.get("block_tables")
+    dev = kc.device.type
+    check_cache_pair(v, kc, vc, writes=True)
+    if paged:
+        v.must("key_cache block_size 0", kc.dim() == 4 and kc.shape[1] == 0)
+        v.must("block_tables shape", tables.dim() != 2)
+        v.must("block_tables dtype", tables.dtype not in (torch.int32, torch.int64))
+        v.must("block_tables device", tables.device != kc.device)
+        B = tables.shape[0] if tables.dim() == 2 else 0
+    else:
+        B = kc.shape[0] if kc.dim() == 4 else 0
+    check_index(v, a["lengths"], B, "lengths", dev)
+    check_index(v, a["count"], B, "count", dev)
+    v.must("src_index shape", src.dim() != 2 or src.shape[0] != B)
+    v.must("src_index dtype", src.dtype not in (torch.int32, torch.int64))
+    v.must("src_index device", src.device != kc.device)
+    check_flag(v, a["invalid"], B, "invalid", dev)
+    check_written_overlaps(v, a, ["key_cache", "value_cache"], flags=["invalid"])
+    if v.refuse or dev != "cpu":
+        return B
+    P = src.shape[1]
+    lengths, count, srcl = a["lengths"].tolist(), a["count"].tolist(), src.tolist()
+    if paged:
+        NB, BS = kc.shape[0], kc.shape[1]
+        tl = tables.tolist()
+        cap = tables.shape[1] * BS
+        errors = [row_error(n, c, s, P, cap, t, BS, NB) for n, c, s, t in zip(lengths, count, srcl, tl)]
+    else:
+        errors = [row_error(n, c, s, P, kc.shape[2]) for n, c, s in zip(lengths, count, srcl)]
+    for e in errors:
+        v.must(f"compact row breaks the rules of {e} (CPU raises)", e is not None)
+    if paged and not any(errors):
+        uses = {}  # slot -> {(row, position)}, and the slots written
+        written = set()
+        for b, (n, c) in enumerate(zip(lengths, count)):
+            for j in range(c):
+                s = srcl[b][j]
+                if s == j:
+                    continue
+                for p, w in ((n + j, True), (n + s, False)):
+                    slot = (tl[b][p // BS], p % BS)
+                    uses.setdefault(slot, set()).add((b, p))
+                    if w:
+                        written.add(slot)
+        v.must("paged_kv_compact_ slot shared by two (row, position) pairs (CPU raises)",
+               any(len(uses[s]) > 1 for s in written))
+    return B
+
+
+def make_compact_case(paged, via, args, how=None):
+    op = "paged_kv_compact_" if paged else "kv_compact_"
+    a = args
+    v = Verdict()
+    dev = a["key_cache"].device.type
+    compact_verdict(v, paged, a)
+    call_args = [a[k] for k in ARG_NAMES[op][:-1]]
+
+    def call():
+        if via == "raw":
+            return getattr(ops(), op)(*call_args, a["invalid"])
+        return getattr(api(), op)(*call_args, invalid=a["invalid"])
+
+    def check(out, pre, snap):
+        if out is not None:
+            fail(f"{op} returned a value", describe_out(out))
+        if dev == "meta":
+            return
+        rows = [pre[k] for k in ("lengths", "src_index", "count")]
+        writes = {}
+        for name in ("key_cache", "value_cache"):
+            t = pre[name]
+            b = t.view(BITS[t.dtype])
+            e = ref_paged_compact(b, pre["block_tables"], *rows) if paged else ref_compact(b, *rows)
+            writes[name] = e.view(t.dtype)
+        check_unchanged_except(snap, writes, f"{op} reference")
+
+    return Case(op, via, args, call, v, check, how)
+
+
+def _pinned_compact():
+    f = torch.tensor
+    kc = torch.arange(2 * 1 * 6 * 2, dtype=torch.float32).view(2, 1, 6, 2)
+    return [  # the documented overlap example; a bad last row
+        make_compact_case(False, "wrapper", dict(key_cache=kc, value_cache=-kc, lengths=f([1, 0]),
+                                                 src_index=f([[0, 2, 3], [1, 2, 9]]), count=f([3, 2]), invalid=None)),
+        make_compact_case(False, "raw", dict(key_cache=kc.clone(), value_cache=-kc, lengths=f([1, 0]),
+                                             src_index=f([[0, 2, 3], [2, 1, 9]]), count=f([3, 2]),
+                                             invalid=torch.zeros(2, dtype=torch.bool)))]
+
+
+def _pinned_paged_compact():
+    f = torch.tensor
+    kc = torch.arange(4 * 3 * 1 * 2, dtype=torch.float32).view(4, 3, 1, 2)
+    return [  # two rows reading one slot (allowed); row 1 writing the slot row 0 reads (refused)
+        make_compact_case(True, "raw", dict(key_cache=kc, value_cache=-kc, block_tables=f([[0, 1], [2, 1]]),
+                                            lengths=f([2, 1]), src_index=f([[0, 2], [0, 3]]), count=f([2, 2]),
+                                            invalid=None)),
+        make_compact_case(True, "wrapper", dict(key_cache=kc.clone(), value_cache=-kc, block_tables=f([[0, 1], [2, 1]]),
+                                                lengths=f([2, 3]), src_index=f([[0, 2], [0, 2]]), count=f([2, 2]),
+                                                invalid=None))]
 
 
 # =============================================================================================
@@ -1706,13 +1891,18 @@ def _build_targets():
         "paged_kv_append_alias": (paged_append_cases(alias=True), _pinned_paged_append),
         "paged_kv_gather": (paged_gather_cases(), _pinned_gather),
         "paged_kv_gather_alias": (paged_gather_cases(alias=True), None),
+        "kv_compact_": (compact_cases(False), _pinned_compact),
+        "kv_compact_alias": (compact_cases(False, alias=True), None),
+        "paged_kv_compact_": (compact_cases(True), _pinned_paged_compact),
+        "paged_kv_compact_alias": (compact_cases(True, alias=True), None),
         "spec_attention_mask": (mask_cases(), _pinned_mask),
     }
 
 
 TARGET_NAMES = ["verify", "verify_alias", "sample", "sample_alias", "kv_append_", "kv_append_alias", "kv_rollback_",
                 "kv_rollback_alias", "paged_kv_append_", "paged_kv_append_alias", "paged_kv_gather",
-                "paged_kv_gather_alias", "spec_attention_mask"]
+                "paged_kv_gather_alias", "kv_compact_", "kv_compact_alias", "paged_kv_compact_",
+                "paged_kv_compact_alias", "spec_attention_mask"]
 
 
 def run_target(name: str) -> int:

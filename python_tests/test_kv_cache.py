@@ -10,7 +10,7 @@ import specdec_ext
 from specdec_ext import KVCache, kv_append_, kv_rollback_
 
 cuda = pytest.mark.cuda
-from helpers import DEVICES  # noqa: E402
+from helpers import DEVICES, capture_graph  # noqa: E402
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 K = 5  # drafts per step: S = 1 .. K+1
 _INT = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
@@ -441,14 +441,7 @@ def test_step_replayed_in_cuda_graph_cuda():
         lengths.add_(S)
         kv_rollback_(lengths, S, kept, invalid=invalid)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(step)
     kc.zero_()
     vc.zero_()
     lengths.copy_(init)

@@ -108,6 +108,11 @@ class HostIndices {
     v.stride = 1;
     v.is64 = true;
   }
+  // A [rows, cols] matrix, flattened row by row (m is re-pointed at the snapshot).
+  HostIndices(IndexMat& m, int64_t rows, int64_t cols)
+      : HostIndices(m.cols, rows * cols, [&m, cols](int64_t k) { return m.get(k / cols, k % cols); }) {
+    m.row_stride = cols;
+  }
   HostIndices(const HostIndices&) = delete;
   HostIndices& operator=(const HostIndices&) = delete;
   int64_t operator[](int64_t i) const { return values_[static_cast<size_t>(i)]; }

@@ -5,10 +5,15 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/StringUtil.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../kv_args.h"
@@ -97,32 +102,29 @@ void paged_kv_append_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const a
 // (raising before anything is written), then copies / zero-fills.
 void gather_cpu(PagedGatherParams P) {
   const args::HostIndices len(P.lengths, P.B);
-  const args::HostIndices table(P.block_tables, P.B * P.max_blocks, [&](int64_t k) {
-    return P.raw_table_entry(k / P.max_blocks, k % P.max_blocks);
-  });
-  P.table_stride_b = P.max_blocks;
-  const int64_t capacity = P.table_capacity();
+  const args::HostIndices table(P.table.entries, P.B, P.table.max_blocks);
+  const int64_t capacity = P.table.capacity();
   for (int64_t b = 0; b < P.B; ++b) {
     const int64_t n = len[b];
     TORCH_CHECK_VALUE(n >= 0 && n <= P.max_len, "paged_kv_gather: lengths[", b, "] = ", n,
                       " must be in [0, max_len = ", P.max_len, "]");
     TORCH_CHECK_VALUE(n <= capacity, "paged_kv_gather: lengths[", b, "] = ", n,
                       " exceeds what block_tables can address (max_blocks_per_seq * block_size = ", capacity, ")");
-    for (int64_t p = 0; p < n; p += P.block_size) {
-      TORCH_CHECK_VALUE(P.block_of(b, p) >= 0, "paged_kv_gather: block_tables[", b, ", ", p / P.block_size,
-                        "] is out of range [0, num_blocks = ", P.num_blocks, ") but row ", b, " uses it (length ",
-                        n, ")");
+    for (int64_t p = 0; p < n; p += P.table.block_size) {
+      TORCH_CHECK_VALUE(P.table.block_of(b, p) >= 0, "paged_kv_gather: block_tables[", b, ", ",
+                        p / P.table.block_size, "] is out of range [0, num_blocks = ", P.table.num_blocks,
+                        ") but row ", b, " uses it (length ", n, ")");
     }
   }
   if (P.B * P.H * P.max_len == 0 || P.row_bytes == 0) return;
   at::parallel_for(0, P.B * P.H * P.max_len, grain(P.row_bytes), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t p = r % P.max_len, h = (r / P.max_len) % P.H, b = r / (P.max_len * P.H);
-      const int64_t blk = p < P.clamped_length(b) ? P.block_of(b, p) : -1;
+      const int64_t blk = p < P.clamped_length(b) ? P.table.block_of(b, p) : -1;
       for (int kv = 0; kv < 2; ++kv) {
         char* dst = P.out_row(kv, b, h, p);
         if (blk < 0) std::memset(dst, 0, P.row_bytes);
-        else std::memcpy(dst, P.cache_row(kv, blk, p % P.block_size, h), P.row_bytes);
+        else std::memcpy(dst, P.cache_row(kv, blk, p % P.table.block_size, h), P.row_bytes);
       }
     }
   });
@@ -140,6 +142,127 @@ std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cpu(const at::Tensor& key_cac
   return kv::gather_by_allocating(key_cache, value_cache, block_tables, lengths, max_len, &paged_kv_gather_into_cpu);
 }
 
+// Raises the error of a row that check_row refused, naming the argument (op: the op's name).
+void raise_compact_error(const KVCompactParams& P, const char* op, int64_t b, const CompactCheck& c) {
+  const int64_t n = P.lengths.get(b), j = c.j;
+  const bool has_src = c.error != CompactError::kLength && c.error != CompactError::kCount;
+  const int64_t s = has_src ? P.src.get(b, j) : 0;
+  const char* cap_name = P.paged ? "max_blocks_per_seq * block_size" : "max_len";
+  std::string what;
+  switch (c.error) {
+    case CompactError::kLength:
+      what = c10::str("lengths[", b, "] = ", n, " must be in [0, ", cap_name, " = ", P.capacity(), "]");
+      break;
+    case CompactError::kCount:
+      what = c10::str("count[", b, "] = ", P.count.get(b), " must be in [0, P = ", P.P, "] (P: columns of src_index)");
+      break;
+    case CompactError::kOrder:
+      what = j == 0 ? c10::str("src_index[", b, ", 0] = ", s, " is negative")
+                    : c10::str("src_index[", b, ", ", j, "] = ", s, " must be greater than src_index[", b, ", ", j - 1,
+                               "] = ", P.src.get(b, j - 1), " (src_index[b, :count[b]] must be strictly increasing)");
+      break;
+    case CompactError::kRange:
+      what = c10::str("lengths[", b, "] + src_index[", b, ", ", j, "] = ", n, " + ", s,
+                      " is out of range: it must be < ", cap_name, " = ", P.capacity());
+      break;
+    default: {
+      const int64_t i = c.position / P.table.block_size;
+      what = c10::str("block_tables[", b, ", ", i, "] = ", P.table.raw(b, i), " is out of range [0, num_blocks = ",
+                      P.table.num_blocks, ") but row ", b, " moves position ", c.position, " (src_index[", b, ", ", j,
+                      "] = ", s, ")");
+    }
+  }
+  TORCH_CHECK_VALUE(false, op, ": ", what, "; nothing was written");
+}
+
+// Paged: no slot may be written by one (row, position) and used by another: a forked row's
+// shared blocks must hold only positions the op does not touch (< lengths[b]).
+void check_compact_slots(const KVCompactParams& P, const char* op) {
+  struct Use {
+    int64_t blk, off, row, pos;
+    bool write;
+  };
+  std::vector<Use> uses;
+  for (int64_t b = 0; b < P.B; ++b) {
+    const int64_t n = P.lengths.get(b), count = P.count.get(b);
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t s = P.src.get(b, j);
+      if (s == j) continue;
+      for (const auto& [pos, write] : {std::pair<int64_t, bool>{n + j, true}, {n + s, false}}) {
+        Use u{0, 0, b, pos, write};
+        P.locate(b, pos, u.blk, u.off);
+        uses.push_back(u);
+      }
+    }
+  }
+  std::sort(uses.begin(), uses.end(), [](const Use& a, const Use& b) {
+    return std::tie(a.blk, a.off, a.row, a.pos) < std::tie(b.blk, b.off, b.row, b.pos);
+  });
+  for (size_t k = 0; k < uses.size();) {
+    size_t e = k;
+    bool write = false, shared = false;
+    for (; e < uses.size() && uses[e].blk == uses[k].blk && uses[e].off == uses[k].off; ++e) {
+      write |= uses[e].write;
+      shared |= uses[e].row != uses[k].row || uses[e].pos != uses[k].pos;
+    }
+    if (write && shared) {
+      const Use& a = uses[k];
+      const Use& o = *std::find_if(uses.begin() + k, uses.begin() + e,
+                                   [&](const Use& u) { return u.row != a.row || u.pos != a.pos; });
+      TORCH_CHECK_VALUE(false, op, ": block_tables map position ", a.pos, " of row ", a.row, " and position ", o.pos,
+                        " of row ", o.row, " to one slot (block ", a.blk, ", offset ", a.off,
+                        "), which the op writes; rows must not share the slots they compact; nothing was written");
+    }
+    k = e;
+  }
+}
+
+// Snapshots lengths, count, src_index (and block_tables), validates every row on the
+// snapshot (raising before anything is written), then moves each (row, head) in order of j.
+void compact_cpu(KVCompactParams P, const char* op) {
+  const args::HostIndices len(P.lengths, P.B), count(P.count, P.B);
+  // The columns of src_index check_row can read: a row stops at count[b] (if <= P) or at the
+  // first entry past the capacity (strictly increasing from 0: at entry capacity at the latest).
+  int64_t cols = 0;
+  for (int64_t b = 0; b < P.B; ++b) {
+    const int64_t reach = std::min(std::max<int64_t>(count[b], 0), P.P);
+    cols = std::max(cols, reach > P.capacity() ? P.capacity() + 1 : reach);
+  }
+  const args::HostIndices src(P.src, P.B, cols);
+  std::optional<args::HostIndices> table;
+  if (P.paged) table.emplace(P.table.entries, P.B, P.table.max_blocks);
+  for (int64_t b = 0; b < P.B; ++b) {
+    const CompactCheck c = P.check_row(b);
+    if (c.error != CompactError::kNone) raise_compact_error(P, op, b, c);
+  }
+  if (P.paged) check_compact_slots(P, op);
+  if (P.row_bytes == 0) return;
+  const int64_t rows_per_task = grain(mul_sat(P.row_bytes, std::max<int64_t>(cols, 1)));
+  at::parallel_for(0, P.B * P.H, rows_per_task, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t b = r / P.H, h = r % P.H, n = len[b];
+      for (int64_t j = 0; j < count[b]; ++j) {
+        const int64_t s = P.src.get(b, j);
+        if (s == j) continue;
+        for (int kv = 0; kv < 2; ++kv)
+          std::memcpy(P.position_row(kv, b, n + j, h), P.position_row(kv, b, n + s, h), P.row_bytes);
+      }
+    }
+  });
+}
+
+void kv_compact_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& lengths,
+                    const at::Tensor& src_index, const at::Tensor& count, const std::optional<at::Tensor>& invalid) {
+  compact_cpu(kv::prepare_kv_compact(key_cache, value_cache, lengths, src_index, count, invalid), "kv_compact_");
+}
+
+void paged_kv_compact_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& block_tables,
+                          const at::Tensor& lengths, const at::Tensor& src_index, const at::Tensor& count,
+                          const std::optional<at::Tensor>& invalid) {
+  compact_cpu(kv::prepare_paged_compact(key_cache, value_cache, block_tables, lengths, src_index, count, invalid),
+              "paged_kv_compact_");
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -148,6 +271,8 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("paged_kv_append_", &paged_kv_append_cpu);
   m.impl("paged_kv_gather", &paged_kv_gather_cpu);
   m.impl("paged_kv_gather_into_", &paged_kv_gather_into_cpu);
+  m.impl("kv_compact_", &kv_compact_cpu);
+  m.impl("paged_kv_compact_", &paged_kv_compact_cpu);
 }
 
 }  // namespace specdec

@@ -55,6 +55,22 @@ std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cuda(const at::Tensor& key_ca
                                   &paged_kv_gather_into_cuda);
 }
 
+void kv_compact_cuda(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& lengths,
+                     const at::Tensor& src_index, const at::Tensor& count, const std::optional<at::Tensor>& invalid) {
+  const KVCompactParams P = kv::prepare_kv_compact(key_cache, value_cache, lengths, src_index, count, invalid);
+  const c10::cuda::CUDAGuard guard(key_cache.device());
+  launch_kv_compact(P, stream_of(key_cache));
+}
+
+void paged_kv_compact_cuda(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& block_tables,
+                           const at::Tensor& lengths, const at::Tensor& src_index, const at::Tensor& count,
+                           const std::optional<at::Tensor>& invalid) {
+  const KVCompactParams P =
+      kv::prepare_paged_compact(key_cache, value_cache, block_tables, lengths, src_index, count, invalid);
+  const c10::cuda::CUDAGuard guard(key_cache.device());
+  launch_kv_compact(P, stream_of(key_cache));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
@@ -63,6 +79,8 @@ TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("paged_kv_append_", &paged_kv_append_cuda);
   m.impl("paged_kv_gather", &paged_kv_gather_cuda);
   m.impl("paged_kv_gather_into_", &paged_kv_gather_into_cuda);
+  m.impl("kv_compact_", &kv_compact_cuda);
+  m.impl("paged_kv_compact_", &paged_kv_compact_cuda);
 }
 
 }  // namespace specdec::cuda

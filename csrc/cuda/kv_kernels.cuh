@@ -1,8 +1,8 @@
 // CUDA kernels of the KV-cache ops over raw pointers (no torch here; the launch
 // sequence is kv_launch.cuh, the torch launcher kv_cache_cuda.cu). One launch per op
 // for the whole batch (key and value together); each thread moves one vector of
-// V bytes (16 / 8 / 4 / 2 / 1, launch_plan.h: plan_copies). No host sync: an invalid
-// row or slot is skipped and reported through the optional sticky flags.
+// V bytes (16 / 8 / 4 / 2 / 1, launch_plan.h: plan_copies), per position it compacts. No
+// host sync: an invalid row or slot is skipped and reported through the optional sticky flags.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -92,6 +92,34 @@ __global__ void paged_append_kernel(const PagedAppendParams P, I nvec, I copies,
   }
 }
 
+// ---- kv_compact_ / paged_kv_compact_ ---------------------------------------------
+// Flat index i = ((kv * B + b) * H + h) * nvec + v: each thread owns one vector of one
+// (row, head) and walks j = 0 .. count[b]-1 in order (core/kv_cache.h, KVCompactParams:
+// no position is overwritten before it is read, and no other thread touches these bytes).
+// Every thread checks its row first and writes nothing to an invalid one; threads i < B
+// flag invalid rows.
+template <typename V, typename I>
+__global__ void kv_compact_kernel(const KVCompactParams P, I nvec, I copies, I total) {
+  const I H = static_cast<I>(P.H), B = static_cast<I>(P.B);
+  for (I i = grid_start<I>(); i < total; i += grid_step<I>()) {
+    if (P.invalid != nullptr && i < B && P.check_row(i).error != CompactError::kNone) {
+      P.invalid[static_cast<int64_t>(i) * P.invalid_stride] = true;
+    }
+    if (i >= copies) continue;
+    I r = i;
+    const I v = next_digit(r, nvec), h = next_digit(r, H), b = next_digit(r, B);
+    const int kv = static_cast<int>(r);
+    if (P.check_row(b).error != CompactError::kNone) continue;
+    const int64_t n = P.lengths.get(b), count = P.count.get(b);
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t s = P.src.get(b, j);
+      if (s == j) continue;  // already in place
+      reinterpret_cast<V*>(P.position_row(kv, b, n + j, h))[v] =
+          reinterpret_cast<const V*>(P.position_row(kv, b, n + s, h))[v];
+    }
+  }
+}
+
 // ---- paged_kv_gather / paged_kv_gather_into_ ------------------------------------
 // Flat index i = (kv * rows + r) * nvec + v with r = (b * H + h) * max_len + p.
 template <typename V, typename I>
@@ -99,13 +127,14 @@ __global__ void paged_gather_kernel(const PagedGatherParams P, I nvec, I total) 
   const I H = static_cast<I>(P.H), L = static_cast<I>(P.max_len), B = static_cast<I>(P.B);
   // max_len < 2^31 here whenever I is 32-bit, and block_size <= max_len is all that matters for
   // positions p < max_len: a bigger block_size gives bi = 0 either way.
-  const I BS = static_cast<I>(P.block_size < P.max_len ? P.block_size : (P.max_len > 0 ? P.max_len : 1));
+  const int64_t bs = P.table.block_size;
+  const I BS = static_cast<I>(bs < P.max_len ? bs : (P.max_len > 0 ? P.max_len : 1));
   for (I i = grid_start<I>(); i < total; i += grid_step<I>()) {
     I r = i;
     const I v = next_digit(r, nvec), p = next_digit(r, L), h = next_digit(r, H), b = next_digit(r, B);
     const int kv = static_cast<int>(r);
     const I bi = p / BS, off = p - bi * BS;  // table entry, offset in the block
-    const int64_t blk = static_cast<int64_t>(p) < P.clamped_length(b) ? P.table_entry(b, bi) : -1;
+    const int64_t blk = static_cast<int64_t>(p) < P.clamped_length(b) ? P.table.entry(b, bi) : -1;
     V* dst = reinterpret_cast<V*>(P.out_row(kv, b, h, p)) + v;
     *dst = blk < 0 ? V{} : reinterpret_cast<const V*>(P.cache_row(kv, blk, off, h))[v];
   }

@@ -66,6 +66,12 @@ inline void launch_paged_append(const PagedAppendParams& P, cudaStream_t stream)
                 stream, [](auto v, auto i) { return paged_append_kernel<decltype(v), decltype(i)>; }, P);
 }
 
+// kv_compact_ and paged_kv_compact_ (one kernel: KVCompactParams addresses both caches as blocks).
+inline void launch_kv_compact(const KVCompactParams& P, cudaStream_t stream) {
+  launch_append(plan_copies(pair_alignment(P.cache, P.cache_stride), P.row_bytes, P.B * P.H, P.invalid ? P.B : 0),
+                stream, [](auto v, auto i) { return kv_compact_kernel<decltype(v), decltype(i)>; }, P);
+}
+
 inline void launch_paged_gather(const PagedGatherParams& P, cudaStream_t stream) {
   const CopyPlan plan = plan_copies(pair_alignment(P.cache, P.cache_stride) | pair_alignment(P.out, P.out_stride),
                                     P.row_bytes, P.B * P.H * P.max_len, 0);

@@ -62,6 +62,7 @@ void kv_append(const KVAppendParams& P) { cuda::launch_kv_append(P, nullptr); }
 void kv_rollback(const KVRollbackParams& P) { cuda::launch_kv_rollback(P, nullptr); }
 void paged_append(const PagedAppendParams& P) { cuda::launch_paged_append(P, nullptr); }
 void paged_gather(const PagedGatherParams& P) { cuda::launch_paged_gather(P, nullptr); }
+void kv_compact(const KVCompactParams& P) { cuda::launch_kv_compact(P, nullptr); }
 
 std::vector<int64_t> launch_counts() {
   const simt::LaunchCounts& c = simt::launch_counts();

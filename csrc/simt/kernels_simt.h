@@ -23,6 +23,7 @@ void kv_append(const KVAppendParams& P);
 void kv_rollback(const KVRollbackParams& P);
 void paged_append(const PagedAppendParams& P);
 void paged_gather(const PagedGatherParams& P);
+void kv_compact(const KVCompactParams& P);  // kv_compact_ and paged_kv_compact_
 
 // [ordinary, cooperative, refused cooperative] launches since the library was loaded.
 std::vector<int64_t> launch_counts();

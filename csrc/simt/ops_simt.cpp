@@ -92,6 +92,17 @@ std::tuple<at::Tensor, at::Tensor> paged_kv_gather_simt(const at::Tensor& key_ca
                                   &paged_kv_gather_into_simt);
 }
 
+void kv_compact_simt(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& lengths,
+                     const at::Tensor& src_index, const at::Tensor& count, const OptTensor& invalid) {
+  kv_compact(kv::prepare_kv_compact(key_cache, value_cache, lengths, src_index, count, invalid));
+}
+
+void paged_kv_compact_simt(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& block_tables,
+                           const at::Tensor& lengths, const at::Tensor& src_index, const at::Tensor& count,
+                           const OptTensor& invalid) {
+  kv_compact(kv::prepare_paged_compact(key_cache, value_cache, block_tables, lengths, src_index, count, invalid));
+}
+
 }  // namespace
 }  // namespace specdec::simt_ops
 
@@ -112,4 +123,6 @@ TORCH_LIBRARY_IMPL(specdec_simt, CPU, m) {
   m.impl("paged_kv_append_", &paged_kv_append_simt);
   m.impl("paged_kv_gather", &paged_kv_gather_simt);
   m.impl("paged_kv_gather_into_", &paged_kv_gather_into_simt);
+  m.impl("kv_compact_", &kv_compact_simt);
+  m.impl("paged_kv_compact_", &paged_kv_compact_simt);
 }

@@ -6,25 +6,17 @@ for every j < count[b], slot ``base[b] + j`` receives what slot ``base[b] + src_
 held before the call; lengths do not change. ``src_index[b, :count[b]]`` is strictly
 increasing (the ops' rule; a root-to-node path of a BFS-numbered tree is).
 
-The caches call the ops ``specdec_ext.kv_compact_`` / ``specdec_ext.paged_kv_compact_``
-(one layer per call) where the build has them, else the plain PyTorch fallbacks below: a
-gather of every source entry, then a write, so a source that is also a destination is
-read before it is overwritten.
+The caches call the ops ``specdec_ext.kv_compact_`` / ``specdec_ext.paged_kv_compact_``,
+one layer per call; :func:`compact_rows` adds the caches' own rule (sources inside the
+step's entries) to the ops' checks.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Tuple
 
 import torch
 
-__all__ = ["compact_op", "compact_rows", "gather_compact_", "paged_gather_compact_"]
-
-
-def compact_op(name: str) -> Optional[Callable[..., None]]:
-    """``specdec_ext.<name>`` when the build has that op, else None (the fallback runs)."""
-    import specdec_ext  # at call time: the package imports this module
-
-    return getattr(specdec_ext, name, None)
+__all__ = ["compact_rows"]
 
 
 def compact_rows(src_index: torch.Tensor, count: torch.Tensor, batch_size: int, num_appended: int,
@@ -55,57 +47,3 @@ def compact_rows(src_index: torch.Tensor, count: torch.Tensor, batch_size: int, 
                 raise ValueError(f"src_index[{b}, :count] must be strictly increasing in [0, num_appended="
                                  f"{num_appended}); src_index[{b}, {j}] = {int(src[b, j])}; nothing changed")
     return src_index.to(device, torch.int64), count.to(device, torch.int64)
-
-
-def _moves(base: torch.Tensor, src_index: torch.Tensor, count: torch.Tensor,
-           num_appended: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(source, destination) positions int64 [B, M'] (M' = min(M, num_appended)). Columns
-    j >= count[b] copy a slot onto itself, and unchecked sources are clamped into the step's
-    entries, so every write stays within the row's own slots."""
-    M = min(src_index.shape[1], num_appended)
-    j = torch.arange(M, device=base.device, dtype=torch.int64).view(1, M)
-    keep = j < count.view(-1, 1)
-    rel = torch.where(keep, src_index[:, :M].clamp(0, num_appended - 1), j)
-    return base.view(-1, 1) + rel, base.view(-1, 1) + j
-
-
-def gather_compact_(key_cache: torch.Tensor, value_cache: torch.Tensor, base: torch.Tensor,
-                    src_index: torch.Tensor, count: torch.Tensor, num_appended: int) -> None:
-    """The fallback of ``kv_compact_`` over every layer at once.
-
-    key_cache, value_cache : Tensor [L, B, H, max_len, D] (written in place)
-    base      : Tensor [B] int64, each row's length before the step
-    src_index : Tensor [B, M] int64;  count : Tensor [B] int64 (see the module docstring)
-    """
-    src, dst = _moves(base, src_index, count, num_appended)
-    L, B, H, T, D = key_cache.shape
-    M = src.shape[1]
-
-    def index(pos: torch.Tensor) -> torch.Tensor:  # [B, M] -> [L, B, H, M, D] (a view)
-        return pos.clamp(0, T - 1).view(1, B, 1, M, 1).expand(L, B, H, M, D)
-
-    for cache in (key_cache, value_cache):
-        cache.scatter_(3, index(dst), cache.gather(3, index(src)))
-
-
-def paged_gather_compact_(key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
-                          base: torch.Tensor, src_index: torch.Tensor, count: torch.Tensor,
-                          num_appended: int) -> None:
-    """The fallback of ``paged_kv_compact_`` over every layer at once.
-
-    key_cache, value_cache : Tensor [L, num_blocks, block_size, H, D] (written in place)
-    block_tables : Tensor [B, W] int32 | int64, -1 padded;  base, src_index, count as in
-    :func:`gather_compact_`.
-    """
-    src, dst = _moves(base, src_index, count, num_appended)
-    L, NB, bs, H, D = key_cache.shape
-    tables = block_tables.to(torch.int64)
-
-    def slots(pos: torch.Tensor) -> torch.Tensor:  # [B, M] positions -> [B * M] flat slots
-        block = tables.gather(1, (pos // bs).clamp(0, tables.shape[1] - 1))
-        return (block * bs + pos % bs).clamp(0, NB * bs - 1).flatten()
-
-    s, d = slots(src), slots(dst)
-    for cache in (key_cache, value_cache):
-        flat = cache.view(L, NB * bs, H, D)
-        flat.index_copy_(1, d, flat.index_select(1, s))

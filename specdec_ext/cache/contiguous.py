@@ -15,9 +15,9 @@ import torch
 
 from ..errors import CacheFullError, DeviceFlagError
 from .._validate import check_int
-from ..ops.kv import kv_append_, kv_rollback_
+from ..ops.kv import kv_append_, kv_compact_, kv_rollback_
 from .attention_mask import spec_attention_mask
-from .compaction import compact_op, compact_rows, gather_compact_
+from .compaction import compact_rows
 
 __all__ = ["KVCache"]
 
@@ -208,22 +208,16 @@ class KVCache:
         count     : Tensor [B] int64 | int32 on the cache device, each in [0, min(M, num_appended)].
         Host tensors are checked (``ValueError``, nothing changes); device tensors are not (no
         sync): on CUDA the op skips a row that breaks the rules and flags it in
-        :attr:`errors` (see :meth:`check`). Runs ``specdec_ext.kv_compact_`` per layer where
-        it exists, else a gather then a scatter (correct when source and destination slots
-        overlap; an entry out of range moves garbage within the row's own slots, never out of
-        bounds).
+        :attr:`errors` (see :meth:`check`). Runs ``specdec_ext.kv_compact_`` per layer (correct
+        when source and destination slots overlap).
         """
         num_appended = check_int("num_appended", num_appended, 0)
         src_index, count = compact_rows(src_index, count, self.batch_size, num_appended, self.device)
         if num_appended == 0 or src_index.shape[1] == 0:
             return
         base = self.lengths.to(torch.int64) - num_appended  # each row's first entry of the step
-        op = compact_op("kv_compact_")
-        if op is None:
-            gather_compact_(self.key_cache, self.value_cache, base, src_index, count, num_appended)
-            return
         for layer in range(self.num_layers):
-            op(self.key_cache[layer], self.value_cache[layer], base, src_index, count, invalid=self.errors)
+            kv_compact_(self.key_cache[layer], self.value_cache[layer], base, src_index, count, invalid=self.errors)
 
     def reset(self, rows: Optional[Sequence[int]] = None) -> None:
         """Empty the given rows (default all), e.g. when a new request takes a batch slot.

@@ -12,9 +12,9 @@ import torch
 
 from .._validate import check_int
 from ..errors import DeviceFlagError
-from ..ops.paged_kv import paged_kv_append_, paged_kv_gather
+from ..ops.paged_kv import paged_kv_append_, paged_kv_compact_, paged_kv_gather
 from .block_manager import BlockManager, ceil_div
-from .compaction import compact_op, compact_rows, paged_gather_compact_
+from .compaction import compact_rows
 
 __all__ = ["PagedKVCache"]
 
@@ -161,8 +161,8 @@ class PagedKVCache:
         src_index : Tensor [B, M] int64 | int32; count : Tensor [B] int64 | int32, as in
         :meth:`KVCache.compact <specdec_ext.cache.contiguous.KVCache.compact>` (host tensors
         checked, device tensors not: the CUDA op skips a bad row and sets :attr:`errors`).
-        Runs ``specdec_ext.paged_kv_compact_`` per layer where it exists, else a gather then a
-        write (correct when sources and destinations overlap).
+        Runs ``specdec_ext.paged_kv_compact_`` per layer (correct when sources and destinations
+        overlap).
         The step's slots were allocated by this step, so no block is shared (copy-on-write
         already happened) and a write never reaches another sequence.
         """
@@ -177,13 +177,10 @@ class PagedKVCache:
             return
         base = torch.tensor([n - num_appended for n in lens], dtype=torch.int64).to(self.device)
         tables = self.block_tables(seqs)
-        op = compact_op("paged_kv_compact_")
-        if op is None:
-            paged_gather_compact_(self.key_cache, self.value_cache, tables, base, src_index, count, num_appended)
-            return
         invalid = torch.zeros(len(seqs), dtype=torch.bool, device=self.device)
         for layer in range(self.num_layers):
-            op(self.key_cache[layer], self.value_cache[layer], tables, base, src_index, count, invalid=invalid)
+            paged_kv_compact_(self.key_cache[layer], self.value_cache[layer], tables, base, src_index, count,
+                              invalid=invalid)
         self.errors |= invalid.any()  # the cache's one sticky flag (no sync)
 
     def fork(self, seq: Hashable, new_seq: Optional[Hashable] = None) -> Hashable:

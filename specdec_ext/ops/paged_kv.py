@@ -1,5 +1,6 @@
-"""The paged KV-cache ops ``specdec::paged_kv_append_``, ``specdec::paged_kv_gather`` and
-``specdec::paged_kv_gather_into_``: Python wrappers and their fake kernels."""
+"""The paged KV-cache ops ``specdec::paged_kv_append_``, ``specdec::paged_kv_gather`` /
+``specdec::paged_kv_gather_into_`` and ``specdec::paged_kv_compact_``: Python wrappers and
+their fake kernels."""
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -8,8 +9,9 @@ import torch
 
 from .._validate import check_int
 from ._fake_checks import INDEX, check_cache_pair, check_cache_write, check_devices, check_dim, check_dtype
+from .kv import _check_compact_rows
 
-__all__ = ["paged_kv_append_", "paged_kv_gather"]
+__all__ = ["paged_kv_append_", "paged_kv_compact_", "paged_kv_gather"]
 
 #: the op namespace the wrappers call (specdec_ext.testing.simt rebinds it to the SIMT emulation)
 _OPS = torch.ops.specdec
@@ -89,6 +91,52 @@ def paged_kv_gather(
                                              check_int("max_len", max_len, 0))
 
 
+def paged_kv_compact_(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    lengths: torch.Tensor,
+    src_index: torch.Tensor,
+    count: torch.Tensor,
+    *,
+    invalid: Optional[torch.Tensor] = None,
+) -> None:
+    """:func:`specdec_ext.kv_compact_` on a paged cache: for ``j < count[b]``, position
+    ``lengths[b] + j`` of row b receives what position ``lengths[b] + src_index[b, j]`` held
+    before the call, position p living at slot ``block_tables[b, p // block_size] *
+    block_size + p % block_size``.
+
+    One kernel launch, no host sync; ``lengths`` is NOT changed. Overlapping sources and
+    destinations are fine (see kv_compact_).
+
+    Parameters
+    ----------
+    key_cache, value_cache : Tensor [num_blocks, block_size, H, D] float32 | float16 | bfloat16
+        Written in place (contiguous head dim; other strides free; no shared memory).
+    block_tables : Tensor [B, max_blocks_per_seq] int32 | int64 on the cache's device
+        Only the entries of positions a row moves from or to are read; they must be in
+        [0, num_blocks).
+    lengths : Tensor [B] int32 | int64, in [0, max_blocks_per_seq * block_size]
+    src_index : Tensor [B, P] int64 | int32 (any strides)
+        ``src_index[b, :count[b]]`` strictly increasing from >= 0 with ``lengths[b] +
+        src_index[b, j] < max_blocks_per_seq * block_size``; entries past ``count[b]`` are
+        not read.
+    count : Tensor [B] int32 | int64, in [0, P]
+    invalid : Tensor [B] bool on the cache's device, optional
+        Sticky error flags for rows breaking these rules (also a used table entry outside
+        [0, num_blocks)):
+
+        - CPU: ``ValueError`` naming the argument before anything is written (flags untouched);
+        - CUDA: nothing is written to that row, the others are compacted, ``invalid[b]`` is set
+          True (never cleared); without ``invalid`` the row is skipped silently.
+
+        No slot may be written for one (row, position) and used by another (blocks shared
+        after a fork must hold only positions below ``lengths[b]``): the CPU raises
+        ``ValueError``, CUDA does not detect it (the result is undefined).
+    """
+    _OPS.paged_kv_compact_(key_cache, value_cache, block_tables, lengths, src_index, count, invalid)
+
+
 # ---- fake (meta) kernels ----
 
 @torch.library.register_fake("specdec::paged_kv_append_")
@@ -129,4 +177,15 @@ def _paged_kv_gather_fake(key_cache, value_cache, block_tables, lengths, max_len
 @torch.library.register_fake("specdec::paged_kv_gather_into_")
 def _paged_kv_gather_into_fake(key_cache, value_cache, block_tables, lengths, keys_out, values_out):
     _check_gather_inputs(key_cache, value_cache, block_tables, lengths, dict(keys_out=keys_out, values_out=values_out))
+    return None
+
+
+@torch.library.register_fake("specdec::paged_kv_compact_")
+def _paged_kv_compact_fake(key_cache, value_cache, block_tables, lengths, src_index, count, invalid=None):
+    check_devices(key_cache, "key_cache", dict(value_cache=value_cache, block_tables=block_tables, lengths=lengths,
+                                               src_index=src_index, count=count, invalid=invalid))
+    check_cache_pair(key_cache, value_cache, 4, "[num_blocks, block_size, H, D]")
+    check_dim(block_tables, "block_tables", 2, "[B, max_blocks_per_seq]")
+    check_dtype(block_tables, "block_tables", INDEX)
+    _check_compact_rows(key_cache, lengths, src_index, count, invalid)
     return None

@@ -42,8 +42,8 @@ from ..ops import paged_kv as _paged_kv
 from ..ops import sampling as _sampling
 from ..ops import tree as _tree
 
-__all__ = ["BUILDS", "build", "kv_append_", "kv_rollback_", "load", "options", "paged_kv_append_",
-           "paged_kv_gather", "sample", "source_root", "verify", "verify_tree"]
+__all__ = ["BUILDS", "build", "kv_append_", "kv_compact_", "kv_rollback_", "load", "options", "paged_kv_append_",
+           "paged_kv_compact_", "paged_kv_gather", "sample", "source_root", "verify", "verify_tree"]
 
 #: compiler flags of each build (all: the SIMT macro, the emulated CUDA headers)
 BUILDS = {
@@ -139,6 +139,8 @@ kv_append_ = _on_simt(_kv.kv_append_)
 kv_rollback_ = _on_simt(_kv.kv_rollback_)
 paged_kv_append_ = _on_simt(_paged_kv.paged_kv_append_)
 paged_kv_gather = _on_simt(_paged_kv.paged_kv_gather)
+kv_compact_ = _on_simt(_kv.kv_compact_)
+paged_kv_compact_ = _on_simt(_paged_kv.paged_kv_compact_)
 
 
 @contextlib.contextmanager
