@@ -11,14 +11,19 @@ offsets, dtypes, meta tensors, extreme values, aliasing between pairs of argumen
   top_k / top_p / min_p: every emitted or accepted token and every probs_out entry > 0 inside
   the filtered set, computed in float64 (stats_reference.filtered_softmax64) with the slack
   of the kernels' float32 cutoff; num_drafts: positions after num_drafts[b] never read nor
-  emitted; coupled verify: each row equals sample(..., offset + i) position by position).
+  emitted; coupled verify: each row equals sample(..., offset + i) position by position;
+  verify_tree: path[0] = 0 and each path[j] a child of path[j-1], tokens the accepted nodes'
+  tokens then one with a finite logit at the last node, greedy rows the Python greedy walk
+  exactly, a chain-shaped tree (parents [-1, 0, 1, ...]) verify's result token for token).
 
 Which calls must be refused, may be refused, or must succeed (see ``Verdict``):
 
 * refused: malformed metadata (shape, dtype, device mix incl. meta with CPU, stride rules;
   for a call on meta data, which only runs the fake kernel: dtypes and devices),
-  a filter / num_drafts value out of range (Python value, or a CPU tensor's value),
-  a Python value of the wrong type for the wrapper (``"0.5"``, ``2.7`` for an int, bools),
+  a filter / num_drafts value out of range (Python value, or a CPU tensor's value), a CPU
+  parents tensor / list that is malformed or deeper than ``depth``, a depth outside [0, N - 1],
+  a Python value of the wrong type for the wrapper (``"0.5"``, ``2.7`` for an int, bools,
+  a parents list holding a float or a ragged one),
   a value the CPU kernels document as an error (overflowing append, bad slot, ...), a written
   argument whose elements overlap each other, two written arguments that overlap;
 * either: a written argument overlapping a read one -- refusing is fine, otherwise the result
@@ -75,6 +80,8 @@ settings.load_profile(PROFILE)
 ARG_NAMES = {
     "verify": ["target_logits", "draft_token_ids", "draft_probs", "temperature", "seed", "offset", "top_k", "top_p",
                "min_p", "num_drafts", "mode", "coupled"],
+    "verify_tree": ["target_logits", "tree_token_ids", "parents", "draft_probs", "temperature", "seed", "offset",
+                    "depth", "top_k", "top_p", "min_p"],
     "sample": ["logits", "temperature", "seed", "offset", "probs_out", "top_k", "top_p", "min_p"],
     "kv_append_": ["key_cache", "value_cache", "new_k", "new_v", "lengths", "overflow"],
     "kv_rollback_": ["lengths", "num_appended", "num_kept", "invalid"],
@@ -957,6 +964,477 @@ def wrap64(x: int) -> int:
 
 
 # =============================================================================================
+# verify_tree
+# =============================================================================================
+def chain_list(N: int) -> List[int]:
+    return [-1] + list(range(N - 1))
+
+
+def tree_well_formed(row: List[int]) -> bool:
+    """csrc/core/tree_params.h valid_parent at every node: parents[0] = -1, 0 <= parents[n] < n."""
+    return bool(row) and row[0] == -1 and all(0 <= p < n for n, p in enumerate(row) if n)
+
+
+def tree_depth_of(row: List[int]) -> int:
+    """Depth of a well-formed tree (root 0)."""
+    d = [0] * len(row)
+    for n in range(1, len(row)):
+        d[n] = d[row[n]] + 1
+    return max(d) if d else 0
+
+
+def tree_children(row: List[int], node: int) -> List[int]:
+    return [c for c in range(node + 1, len(row)) if row[c] == node]
+
+
+@st.composite
+def tree_values(draw, N: int, kind: str) -> List[int]:
+    """One well-formed parents row of N nodes: a chain, a star, a BFS tree of width 2 / 3, or
+    random (each parent drawn in [0, n); shrinks to the star)."""
+    if N <= 0:
+        return []
+    if kind == "chain":
+        return chain_list(N)
+    if kind == "star":
+        return [-1] + [0] * (N - 1)
+    if kind == "bfs":
+        w = draw(st.sampled_from([2, 3]))
+        return [-1] + [(n - 1) // w for n in range(1, N)]
+    return [-1] + [draw(st.integers(0, n - 1)) for n in range(1, N)]
+
+
+TREE_KINDS = ["random", "chain", "star", "bfs"]
+# Python values of parents the wrapper must refuse (list entries that are no ints, no int64
+# holds, ragged nesting) -- built from the drawn list by bad_parents_list.
+BAD_PARENTS_LIST = ["float entry", "half entry", "bool entry", "str entry", "huge entry", "ragged", "mixed", "empty"]
+
+
+def bad_parents_list(p: list, how: str):
+    """p (a list of ints, or nested) with one defect `how` (BAD_PARENTS_LIST)."""
+    import copy
+    p = copy.deepcopy(p) if isinstance(p, list) else [p]  # a 0-dim tensor's tolist() is an int
+    row = p  # the first innermost list
+    while row and isinstance(row[0], list):
+        row = row[0]
+    if how == "empty" or not row:
+        return []
+    i = len(row) - 1
+    if how == "float entry":
+        row[i] = float(row[i])
+    elif how == "half entry":
+        row[i] = row[i] + 0.5
+    elif how == "bool entry":
+        row[i] = bool(row[i] % 2)
+    elif how == "str entry":
+        row[i] = str(row[i])
+    elif how == "huge entry":
+        row[i] = 2**64 + row[i]
+    elif how == "ragged":
+        return [row, row[:-1]] if len(row) > 1 else [row, row + [0]]
+    else:  # "mixed": a row and a bare int
+        return [row, 0]
+    return p
+
+
+@st.composite
+def parents_draw(draw, B: int, N: int, via: str, c: "Chaos"):
+    """parents: [N] (one tree) or [B, N] (a tree per row: all of one kind, or mixed), well
+    formed except 1 time in 6 when not clean (one entry broken); the wrapper also gets a
+    (nested) list, and when not clean 1 time in 8 a list it must refuse. Returns
+    (parents, the rows as drawn, kind)."""
+    per_row = draw(st.booleans())
+    kind = draw(st.sampled_from(TREE_KINDS + (["mixed"] if per_row else [])))
+    n_rows = B if per_row else 1
+    rows = [draw(tree_values(N, draw(st.sampled_from(TREE_KINDS)) if kind == "mixed" else kind))
+            for _ in range(n_rows)]
+    if not c.clean and N and n_rows and draw(st.integers(0, 5)) == 5:
+        r, n = draw(st.integers(0, n_rows - 1)), draw(st.integers(0, N - 1))
+        rows[r][n] = draw(st.sampled_from([n, n + 1, -1, -2, N, INT64_MAX, INT64_MIN, 2**31]) if n
+                          else st.sampled_from([0, -2, 1, INT64_MIN]))
+        kind = "malformed"
+    values = torch.tensor(rows if per_row else (rows[0] if rows else []), dtype=torch.int64)
+    if per_row and not rows:
+        values = values.reshape(0, N)
+    if via == "wrapper" and draw(st.integers(0, 2)) == 0:
+        shape = c.shape(list(values.shape))
+        if list(values.shape) != shape:  # a wrong shape: any values
+            values = torch.tensor(draw(st.lists(index_value(N), min_size=math.prod(shape),
+                                                max_size=math.prod(shape))), dtype=torch.int64).reshape(shape)
+        p = values.tolist()
+        if not c.clean and draw(st.integers(0, 7)) == 7:
+            p = bad_parents_list(p, draw(st.sampled_from(BAD_PARENTS_LIST)))
+        return p, rows, kind
+    p = draw(int_tensor(c.shape(list(values.shape)), bound=N, dtype=c.idtype(), meta=c.meta(), values=values))
+    return p, rows, kind
+
+
+@st.composite
+def depth_draw(draw, via: str, rows: List[List[int]], N: int, c: "Chaos"):
+    """depth: the wrapper's None (half the time: computed), else the trees' depth d or wider
+    (<= N - 1) mostly; when not clean also too small (d - 1), too large (N, INT64_MAX) or
+    negative, and for the wrapper a value of the wrong type / outside int64."""
+    if via == "wrapper" and draw(st.booleans()):
+        return None
+    d = max([tree_depth_of(r) for r in rows if tree_well_formed(r)] + [0])
+    good = st.one_of(st.just(d), st.integers(d, max(N - 1, d)))
+    if c.clean or draw(st.integers(0, 3)):
+        return draw(good)
+    bad = [d - 1, N, -1, INT64_MAX, INT64_MIN]
+    if via == "wrapper":
+        bad += [float(d), d + 0.5, True, str(d), 2**63, torch.tensor(d)]
+    return draw(st.sampled_from(bad))
+
+
+@st.composite
+def tree_ids_values(draw, B: int, N: int, V: int, logits: torch.Tensor, rows: List[List[int]], focus: bool):
+    """tree_token_ids values [B, N]: random tokens, each node's token the argmax of its parent's
+    logits at a drawn rate (so greedy and sampled walks accept nodes); when not focus, 1 time
+    in 5 a few entries out of [0, V); node 0's entry (never read) out of range 1 time in 3."""
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    ids = torch.randint(0, max(V, 1), (B, N), generator=g)
+    rate = draw(st.sampled_from([0.5, 0.0, 0.9, 1.0]))
+    if V and tuple(logits.shape) == (B, N, V):
+        for b in range(B):
+            row = rows[b] if len(rows) == B else rows[0]
+            for n in range(1, N):
+                if tree_well_formed(row) and float(torch.rand((), generator=g)) < rate:
+                    ids[b, n] = int(logits[b, row[n]].argmax())
+    if B and N and draw(st.integers(0, 2)) == 0:
+        ids[:, 0] = draw(st.sampled_from([-1, V, INT64_MAX, INT64_MIN, 0]))
+    if B and N > 1 and not focus and draw(st.integers(0, 4)) == 4:
+        for i, x in draw(st.lists(st.tuples(st.integers(0, B * (N - 1) - 1), st.sampled_from(
+                [-1, V, V + 1, INT64_MAX, INT64_MIN, 2**31, -(2**31)])), min_size=1, max_size=2)):
+            ids[i // (N - 1), 1 + i % (N - 1)] = x
+    return ids
+
+
+@st.composite
+def verify_tree_cases(draw, alias: bool = False):
+    via = draw(st.sampled_from(["raw", "wrapper"]))
+    focus = focus_draw(draw, alias)
+    B = draw(rarely_zero(4, p=1000 if focus else 10))
+    N = draw(rarely_zero(6, p=1000 if focus else 12))
+    V = draw(FOCUS_VOCAB if focus else vocab_size())
+    c = Chaos(draw, alias or focus)
+    meta = c.meta
+
+    parents, rows, kind = draw(parents_draw(B, N, via, c))
+    depth = draw(depth_draw(via, rows, N, c))
+    shape = c.shape([B, N, V])
+    lvals = draw(float_values(shape, regimes=FOCUS_REGIMES, specials=False) if focus else float_values(shape))
+    logits = draw(tensors(lvals, c.fdtype(), meta=meta()))
+    ids_shape = c.shape([B, N])
+    ids_vals = draw(tree_ids_values(B, N, V, lvals, rows, focus)) if ids_shape == [B, N] else None
+    ids = draw(int_tensor(ids_shape, dtype=c.idtype(), bound=V, meta=meta(), values=ids_vals))
+    probs = None
+    if draw(st.booleans()):
+        probs = draw(tensors(draw(prob_values(c.shape([B, N, V]))), c.fdtype(), meta=meta()))
+    temperature = draw(py_or_tensor_temperature(B, via, c, values=FOCUS_TEMPERATURES if focus else None))
+    seed = draw(py_or_tensor_int(B, via, c, allow_none=True))
+    offset = draw(py_or_tensor_int(B, via, c, allow_none=False))
+    filters = draw(filter_args_draw(B, V, via, c, focus))
+    if via == "raw":  # the raw op takes tensors only
+        temperature = temperature if isinstance(temperature, torch.Tensor) else torch.tensor(float(temperature))
+    if kind == "chain" and seed is None and draw(st.integers(0, 3)):
+        seed = draw(st.integers(0, 2**20))  # the chain == verify property needs a known seed
+    args = dict(target_logits=logits, tree_token_ids=ids, parents=parents, draft_probs=probs,
+                temperature=temperature, seed=seed, offset=offset, depth=depth, **filters)
+    how = None
+    if alias:
+        if seed is None:
+            args["seed"] = 1  # the clone comparison needs a fixed seed
+        args, how = draw(alias_some_pair(args, list(ARG_NAMES["verify_tree"])))
+    return make_verify_tree_case(via, args, how)
+
+
+def list_shape(p) -> Optional[tuple]:
+    """The shape torch.tensor would give a list of ints / of lists of ints; None if ragged."""
+    if not isinstance(p, list):
+        return ()
+    if not p:
+        return (0,)
+    inner = [list_shape(x) for x in p]
+    if any(s is None for s in inner) or len(set(inner)) != 1:
+        return None
+    return (len(p),) + inner[0]
+
+
+def list_leaves(p) -> list:
+    return [y for x in p for y in list_leaves(x)] if isinstance(p, list) else [p]
+
+
+def classify_parents(v: Verdict, p, B: int, N: int, dev: str, via: str) -> Optional[List[List[int]]]:
+    """Verdict rules of parents (dtype, shape, device; the values are judged by the caller);
+    returns its rows as the host check reads them (one for [N], B for [B, N]) when their
+    values can be read, else None."""
+    if isinstance(p, list) and via == "wrapper":
+        leaves = list_leaves(p)
+        if any(isinstance(x, bool) or not isinstance(x, int) for x in leaves):
+            v.must("parents list entry not an int")
+            return None
+        if list_shape(p) is None:
+            v.must("parents ragged list")
+            return None
+        if any(not INT64_MIN <= x <= INT64_MAX for x in leaves):
+            v.must("parents list entry outside int64")
+            return None
+        p = torch.tensor(p, dtype=torch.int64)
+    if not isinstance(p, torch.Tensor):
+        v.must(f"parents of Python type {type(p).__name__}")
+        return None
+    v.must("parents dtype", p.dtype not in (torch.int64, torch.int32))
+    good_shape = (p.dim() == 1 and tuple(p.shape) == (N,)) or (p.dim() == 2 and tuple(p.shape) == (B, N))
+    v.must("parents shape", not good_shape)
+    if p.device.type != dev:
+        # a CPU parents tensor with meta data is a host value (fake kernel: host_ok); meta with CPU data: refused
+        v.must("parents device (meta with cpu data)", is_meta(p))
+    if is_meta(p) or not good_shape or p.dtype not in (torch.int64, torch.int32):
+        return None
+    vals = p.long().tolist()
+    return [vals] if p.dim() == 1 else vals
+
+
+def parents_dim(p) -> int:
+    return p.dim() if isinstance(p, torch.Tensor) else len(list_shape(p) or ())
+
+
+def wrapper_tree_depth(p) -> Optional[int]:
+    """What the wrapper's depth=None computes (specdec_ext.tree_depth, documented): the deepest
+    row's depth, N - 1 for a malformed tree; None when the values cannot be read (meta)."""
+    if isinstance(p, list):
+        shp = list_shape(p)
+        if shp is None or any(isinstance(x, bool) or not isinstance(x, int) for x in list_leaves(p)):
+            return None
+        p = torch.tensor(p, dtype=torch.int64) if all(INT64_MIN <= x <= INT64_MAX for x in list_leaves(p)) else None
+    if not isinstance(p, torch.Tensor) or is_meta(p):
+        return None
+    if p.dim() == 0:
+        p = p.reshape(1)
+    rows = p.long().reshape(-1, p.shape[-1]).tolist() if p.shape[-1] else []
+    if not rows:
+        return None  # no tree (B = 0 rows, or N = 0): any width in [1, N] will do
+    if any(not tree_well_formed(r) for r in rows):
+        return max(p.shape[-1] - 1, 0)
+    return max([tree_depth_of(r) for r in rows] + [0])
+
+
+def classify_depth(v: Verdict, depth, via: str, N: int):
+    if via == "wrapper" and depth is None:
+        return
+    if isinstance(depth, bool) or not isinstance(depth, int):
+        v.must(f"depth of Python type {type(depth).__name__}")
+    elif not INT64_MIN <= depth <= INT64_MAX:
+        v.must("depth outside int64")
+    else:
+        v.must("depth outside [0, N - 1]", not 0 <= depth < N)
+
+
+def tree_greedy_walk(lb: torch.Tensor, ids: List[int], row: List[int]):
+    """The greedy walk (T = 0) of one row: (tokens, path), or None when a visited node's logits
+    are all -inf. At each node the first child (index order) whose token is the argmax (first
+    index of the max) is moved to, else the argmax is emitted."""
+    node, tokens, path = 0, [], [0]
+    while True:
+        if bool((lb[node] == -math.inf).all()):
+            return None
+        arg = int(lb[node].argmax())
+        tokens.append(arg)
+        nxt = next((c for c in tree_children(row, node) if ids[c] == arg), None)
+        if nxt is None:
+            return tokens, path
+        path.append(nxt)
+        node = nxt
+
+
+def raw_filter_as_wrapper(args, pre, name):
+    """raw_filter, with a Python top_k no int64 holds as the wrapper passes it (off: k >= V)."""
+    x = args.get(name)
+    if name == "top_k" and isinstance(x, int) and not isinstance(x, bool) and x > INT64_MAX:
+        return None
+    return raw_filter(args, pre, name)
+
+
+def make_verify_tree_case(via, args, how=None):
+    a = args
+    logits, ids, parents, probs = a["target_logits"], a["tree_token_ids"], a["parents"], a["draft_probs"]
+    temperature, seed, offset, depth = a["temperature"], a["seed"], a["offset"], a["depth"]
+    v = Verdict()
+    dev = logits.device.type
+    ok_meta = logits.dim() == 3
+    v.must("target_logits shape", logits.dim() != 3)
+    v.must("target_logits dtype", logits.dtype not in wrapper_floats(via))
+    B, N, V = (tuple(logits.shape) + (0, 0, 0))[:3] if logits.dim() <= 3 else (0, 0, 0)
+    v.must("target_logits N == 0", ok_meta and N == 0)
+    v.must("target_logits V == 0", ok_meta and V == 0)
+    v.must("tree_token_ids dtype", ids.dtype not in (torch.int64, torch.int32))
+    v.must("tree_token_ids shape", tuple(ids.shape) != (B, N))
+    v.must("tree_token_ids device", ids.device.type != dev)
+    host_rows = classify_parents(v, parents, B, N, dev, via)
+    # each batch row's tree (a [N] parents tensor is every row's)
+    rows = None if host_rows is None else (host_rows * B if parents_dim(parents) == 1 else host_rows)
+    classify_depth(v, depth, via, N)
+    if via == "wrapper" and depth is None:
+        D = wrapper_tree_depth(parents)
+        # meta parents: the wrapper cannot compute the depth; refusing (naming depth /
+        # parents) is fine, anything else must come with the fake kernel's shapes
+        v.may("depth None with meta parents", is_meta(parents))
+    else:
+        D = depth if isinstance(depth, int) and not isinstance(depth, bool) else None
+    if host_rows is not None:  # checked on the host even when B = 0
+        wf = [tree_well_formed(r) for r in host_rows]
+        v.must("parents malformed (host check)", not all(wf))
+        if all(wf) and D is not None:
+            v.must("parents deeper than depth (host check)", any(tree_depth_of(r) > D for r in host_rows))
+    if probs is not None:
+        v.must("draft_probs dtype", probs.dtype not in wrapper_floats(via))
+        v.must("draft_probs shape", tuple(probs.shape) != (B, N, V))
+        v.must("draft_probs device", probs.device.type != dev)
+    t_py = classify_py_temperature(v, temperature, B)
+    t_rows = classify_tensor_temperature(v, temperature, B, dev)
+    if t_py is not None:
+        t_rows = torch.full((B,), t_py, dtype=torch.float32)
+    for name, x in (("seed", seed), ("offset", offset)):
+        classify_py_int(v, x, name, allow_none=name == "seed")
+        classify_tensor_int(v, x, name, B, dev)
+        if isinstance(x, torch.Tensor):
+            v.may(f"{name} int32", x.dtype == torch.int32)
+    scalar_t_bad = (isinstance(temperature, torch.Tensor) and temperature.dim() == 0 and not is_meta(temperature)
+                    and temperature.dtype.is_floating_point and not valid_temperature(f32(float(temperature))))
+    v.may("0-dim temperature tensor unusable", scalar_t_bad)
+    row_filters = classify_filters(v, a, B, V, dev)
+    chain = host_rows is not None and all(r == chain_list(N) for r in host_rows)
+
+    def call():
+        if via == "raw":
+            return ops().verify_tree(logits, ids, parents, probs, temperature, seed, offset, depth, a.get("top_k"),
+                                     a.get("top_p"), a.get("min_p"))
+        return api().verify_tree(logits, ids, parents, probs, temperature, top_k=a.get("top_k"), top_p=a.get("top_p"),
+                                 min_p=a.get("min_p"), seed=seed, offset=offset, depth=depth)
+
+    def check(out, pre, snap):
+        if not isinstance(out, tuple) or len(out) != 4:
+            fail("verify_tree output not 4 tensors", describe_out(out))
+        tokens, path, num_acc, valid = out
+        width = tokens.shape[1] if tokens.dim() == 2 else -1
+        if D is None and B == 0 and 1 <= width <= N:
+            pass  # depth computed from [0, N] parents: no row, any width in [1, N]
+        elif D is None and not is_meta(parents):
+            fail("verify_tree output width", f"D not computable from parents, got width {width}")
+        D1 = (D + 1) if D is not None else width
+        for name, t, dt, shp in (("tokens", tokens, torch.int64, (B, D1)), ("path", path, torch.int64, (B, D1)),
+                                 ("num_accepted", num_acc, torch.int64, (B,)), ("valid", valid, torch.bool, (B,))):
+            if t.dtype != dt or tuple(t.shape) != shp or t.device.type != dev:
+                fail("verify_tree output metadata", f"{name}: {describe(t)}, expected {dt} {shp} on {dev}")
+        check_unchanged_except(snap, {}, "verify_tree writes no argument")
+        if dev == "meta":
+            return
+        if rows is None:
+            fail("verify_tree accepted unreadable parents", describe(parents))
+        l32 = pre["target_logits"].float()
+        ids64 = pre["tree_token_ids"].long()
+        q = pre["draft_probs"].float() if probs is not None else None
+        T = t_rows if t_rows is not None else torch.ones(B)
+        for b in range(B):
+            tok, pth, n, ok = tokens[b].tolist(), path[b].tolist(), int(num_acc[b]), bool(valid[b])
+            Tb, lb, par, idb = float(T[b]), l32[b], rows[b], ids64[b].tolist()
+            ids_bad = any(not 0 <= x < V for x in idb[1:])
+            must_invalid = (bool((lb != lb).any() | (lb == math.inf).any()) or ids_bad
+                            or not valid_temperature(Tb) or bool((lb[0] == -math.inf).all()))
+            kids0 = tree_children(par, 0)
+            # the root's first child is always tested; with q its q(x) is read
+            if q is not None and Tb != 0 and kids0 and 0 <= idb[kids0[0]] < V:
+                q0 = float(q[b, 0, idb[kids0[0]]])
+                must_invalid |= not (q0 >= 0) or q0 == math.inf
+            greedy = None
+            if Tb == 0 and not must_invalid:
+                greedy = tree_greedy_walk(lb, idb, par)
+                must_invalid = greedy is None
+                must_valid = not must_invalid  # greedy rows: validity exactly known
+            else:
+                finite_max = lb.abs().max().item() if lb.numel() else 0.0
+                qb = q[b] if q is not None else None
+                must_valid = (bool(torch.isfinite(lb).all()) and not must_invalid
+                              and (Tb == 0 or finite_max / Tb <= 1e30)
+                              and (qb is None or Tb == 0
+                                   or bool((torch.isfinite(qb) & (qb >= 0) & (qb <= 1e30)).all())))
+            where = f"row {b}: parents {par}, ids {idb}, T={Tb}"
+            if ok and must_invalid:
+                fail("verify_tree: row with NaN/+inf logits, bad token, bad temperature, bad q or all -inf at a "
+                     "visited node reported valid", f"{where}, tokens {tok}, path {pth}")
+            if not ok and must_valid:
+                fail("verify_tree: usable row reported invalid", where)
+            if not ok:
+                if tok != [-1] * D1 or pth != [-1] * D1 or n != 0:
+                    fail("verify_tree: invalid row not all -1 / num_accepted 0", f"{where}: {tok}, {pth}, n={n}")
+                continue
+            if not 0 <= n <= D1 - 1:
+                fail("verify_tree: num_accepted out of [0, D]", f"{where}: n={n}, D={D1 - 1}")
+            if pth[0] != 0 or any(not 0 < pth[j] < N or par[pth[j]] != pth[j - 1] for j in range(1, n + 1)):
+                fail("verify_tree: path is not a walk down the tree", f"{where}: path {pth}, n={n}")
+            if any(tok[j] != idb[pth[j + 1]] for j in range(n)):
+                fail("verify_tree: accepted tokens differ from the path's node tokens", f"{where}: {tok}, {pth}")
+            if not 0 <= tok[n] < V:
+                fail("verify_tree: emitted token out of [0, V)", f"{where}: {tok}, V={V}")
+            if tok[n + 1:] != [-1] * (D1 - 1 - n) or pth[n + 1:] != [-1] * (D1 - 1 - n):
+                fail("verify_tree: entries after the emitted ones not -1", f"{where}: {tok}, {pth}, n={n}")
+            for j in range(n + 1):
+                if lb[pth[j], tok[j]] == -math.inf:
+                    fail("verify_tree: token with a -inf logit at its node", f"{where}: {tok}, {pth}, j={j}")
+            if greedy is not None:
+                gt, gp = greedy
+                if tok != gt + [-1] * (D1 - len(gt)) or pth != gp + [-1] * (D1 - len(gp)) or n != len(gt) - 1:
+                    fail("verify_tree: greedy row differs from the greedy walk",
+                         f"{where}: tokens {tok}, path {pth}; expected {gt}, {gp}")
+                continue
+            kids = tree_children(par, pth[n])
+            if q is None and Tb != 0 and tok[n] in [idb[k] for k in kids]:
+                # deterministic children: every rejected child's token is zeroed in r
+                fail("verify_tree: correction equals a rejected child's token", f"{where}: {tok}, {pth}")
+            if row_filters is not None and row_filters[b].on(V):
+                for j in range(n + 1):
+                    loose = filtered_laws(lb[pth[j]], Tb, row_filters[b])[0]
+                    if not loose[tok[j]] > 0:
+                        fail("verify_tree: token outside the filtered set", f"{where}: node {pth[j]}: {tok}, "
+                             f"{row_filters[b]}, logits {lb[pth[j]].tolist()[:16]}")
+
+        def raw(name, py=None):
+            """The pre-call copy of an argument as the raw op takes it: float64 logits /
+            probabilities converted to float32 (the wrapper's float_arg), a Python value as
+            a 0-dim tensor (seed / offset wrapped to int64 as the wrapper does)."""
+            if name not in pre:
+                return torch.tensor(wrap64(py) if isinstance(py, int) else py)
+            x = pre[name]
+            return x.float() if x.dtype == torch.float64 and name in ("target_logits", "draft_probs") else x
+
+        if (not chain or D != N - 1) and not how or seed is None:
+            return  # (the wrapper's seed None: a random seed, no reference call)
+        common = (raw("temperature", t_py), raw("seed", seed), raw("offset", offset))
+        raw_filters = [raw_filter_as_wrapper(a, pre, name) for name in FILTER_NAMES]
+        if chain and D == N - 1 and not how:
+            # a chain-shaped tree is verify on the same inputs (node n's draft_probs = verify's position n)
+            q_chain = None if probs is None else raw("draft_probs")[:, :N - 1]
+            try:
+                ref = ops().verify(raw("target_logits"), pre["tree_token_ids"][:, 1:], q_chain, *common, *raw_filters,
+                                   None, False)
+            except (ValueError, TypeError) as e:
+                fail("verify_tree chain: verify refused the same inputs", f"{type(e).__name__}: {e}")
+            for name, x, y in zip(("tokens", "num_accepted", "valid"), (tokens, num_acc, valid), ref):
+                if not torch.equal(x, y):
+                    fail("verify_tree: chain-shaped tree differs from verify",
+                         f"{name}: {x.tolist()} vs verify {y.tolist()} (ids {ids64.tolist()}, T {T.tolist()})")
+        if how:  # aliased inputs: same result as the call on separate copies
+            p_ref = pre["parents"] if "parents" in pre else torch.tensor(parents, dtype=torch.int64)
+            ref = ops().verify_tree(raw("target_logits"), pre["tree_token_ids"], p_ref,
+                                    None if probs is None else raw("draft_probs"), *common, D1 - 1, *raw_filters)
+            for name, x, y in zip(("tokens", "path", "num_accepted", "valid"), out, ref):
+                if not torch.equal(x, y):
+                    fail("verify_tree: aliased inputs change the result",
+                         f"{name}: {x.tolist()} vs copies {y.tolist()}")
+
+    return Case("verify_tree", via, args, call, v, check, how)
+
+
+# =============================================================================================
 # sample
 # =============================================================================================
 @st.composite
@@ -1816,6 +2294,39 @@ def _pinned_verify():
                                              mode="exact"))]
 
 
+def _pinned_verify_tree():
+    """Bugs of the wrapper specdec_ext.verify_tree (specdec_ext/ops/tree.py) found by this
+    target; known, they fail until fixed."""
+    logits, ids = torch.zeros(1, 3, 4), torch.zeros(1, 3, dtype=torch.int64)
+    base = dict(target_logits=logits, tree_token_ids=ids, parents=[-1, 0, 0], draft_probs=None, temperature=1.0,
+                seed=0, offset=0, depth=None, top_k=None, top_p=None, min_p=None)
+
+    def case(**kw):
+        return make_verify_tree_case("wrapper", dict(base, **kw))
+
+    return [
+        # depth=None, B = 0 with per-row parents [0, N]: tree_depth takes max() of an empty
+        # tensor: RuntimeError on a valid call
+        case(target_logits=torch.zeros(0, 3, 4), tree_token_ids=torch.zeros(0, 3, dtype=torch.int64),
+             parents=torch.zeros(0, 3, dtype=torch.int64)),
+        # N = 0, parents []: tree_depth's reshape(-1, 0) raises RuntimeError (not the op's ValueError)
+        case(target_logits=torch.zeros(1, 0, 4), tree_token_ids=torch.zeros(1, 0, dtype=torch.int64), parents=[]),
+        # meta parents, depth=None: tree_depth copies the meta tensor (NotImplementedError)
+        case(target_logits=logits.to("meta"), tree_token_ids=ids.to("meta"),
+             parents=torch.tensor([-1, 0, 0], device="meta")),
+        # a parents list torch.tensor cannot convert: "ValueError: expected sequence of length 3 at
+        # dim 1 (got 2)" / "Overflow when unpacking long long", naming no argument
+        case(parents=[[-1, 0, 0], [-1, 0]]),
+        case(parents=[-1, 0, 2**64]),
+        # a float in a parents list is truncated (0.5 -> 0), not refused
+        case(parents=[-1, 0, 0.5]),
+        # depth of the wrong type goes through int(depth) (1.5 -> 1, "1" -> 1), not refused;
+        # one outside int64: RuntimeError from the dispatcher
+        case(depth=1.5),
+        case(depth=2**63),
+    ]
+
+
 def _pinned_rollback():
     f = torch.tensor
     return [make_kv_rollback_case("wrapper", dict(lengths=f([-2]), num_appended=INT64_MAX, num_kept=f([0]),
@@ -1881,6 +2392,8 @@ def _build_targets():
     return {
         "verify": (verify_cases(), _pinned_verify),
         "verify_alias": (verify_cases(alias=True), None),
+        "verify_tree": (verify_tree_cases(), _pinned_verify_tree),
+        "verify_tree_alias": (verify_tree_cases(alias=True), None),
         "sample": (sample_cases(), _pinned_sample),
         "sample_alias": (sample_cases(alias=True), None),
         "kv_append_": (kv_append_cases(), _pinned_kv_append_caches),
@@ -1899,9 +2412,9 @@ def _build_targets():
     }
 
 
-TARGET_NAMES = ["verify", "verify_alias", "sample", "sample_alias", "kv_append_", "kv_append_alias", "kv_rollback_",
-                "kv_rollback_alias", "paged_kv_append_", "paged_kv_append_alias", "paged_kv_gather",
-                "paged_kv_gather_alias", "kv_compact_", "kv_compact_alias", "paged_kv_compact_",
+TARGET_NAMES = ["verify", "verify_alias", "verify_tree", "verify_tree_alias", "sample", "sample_alias", "kv_append_",
+                "kv_append_alias", "kv_rollback_", "kv_rollback_alias", "paged_kv_append_", "paged_kv_append_alias",
+                "paged_kv_gather", "paged_kv_gather_alias", "kv_compact_", "kv_compact_alias", "paged_kv_compact_",
                 "paged_kv_compact_alias", "spec_attention_mask"]
 
 

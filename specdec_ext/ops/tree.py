@@ -6,6 +6,7 @@ from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 
+from .._validate import check_int
 from ._args import FloatOrTensor, IntOrTensor, Temperature, filter_args, float_arg, int64_arg, seed_arg, temperature_arg
 from ._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype
 
@@ -40,26 +41,42 @@ class TreeVerifyResult(NamedTuple):
 
 
 def _parents_arg(parents: Parents) -> torch.Tensor:
+    """A tensor as is (the op checks it); a list ([N] or [B, N] of ints) -> int64 [N] / [B, N],
+    with its entries checked to be ints (TypeError / ValueError naming ``parents``)."""
     if isinstance(parents, torch.Tensor):
         return parents
-    return torch.tensor(parents, dtype=torch.int64)
+    if not isinstance(parents, (list, tuple)):
+        raise TypeError(f"parents must be a tensor or a list of ints, got {type(parents).__name__}")
+    nested = bool(parents) and all(isinstance(r, (list, tuple)) for r in parents)
+    rows = parents if nested else [parents]
+    if len({len(r) for r in rows}) > 1:
+        raise ValueError(f"parents rows must have one length N, got lengths {[len(r) for r in rows]}")
+    values = [[check_int(f"parents[{b}][{n}]" if nested else f"parents[{n}]", x, -(2**63), 2**63 - 1)
+               for n, x in enumerate(r)] for b, r in enumerate(rows)]
+    return torch.tensor(values if nested else values[0], dtype=torch.int64)
 
 
 def tree_depth(parents: Parents) -> int:
     """The depth D of the tree(s) in ``parents`` ([N] or [B, N]; the deepest row): the root has
     depth 0, a child one more than its parent. Reads the values on the host (a device tensor is
-    copied: one sync). A malformed tree gives N - 1, the largest depth, and verify_tree's own
-    check then names the problem."""
-    p = _parents_arg(parents).detach().to("cpu", torch.int64)
+    copied: one sync; a meta tensor has no values: ValueError). A malformed tree gives N - 1,
+    the largest depth, and verify_tree's own check then names the problem; no rows or no
+    nodes give 0."""
+    p = _parents_arg(parents)
+    if p.device.type == "meta":
+        raise ValueError("parents is a meta tensor: its depth is unknown, pass depth= to verify_tree")
+    p = p.detach().to("cpu", torch.int64)
+    if p.numel() == 0:
+        return 0
     rows = p.reshape(-1, p.shape[-1]) if p.dim() else p.reshape(1, 1)
     N = rows.shape[1]
     depth = torch.zeros_like(rows)
     for n in range(1, N):
         par = rows[:, n]
         if bool(((par < 0) | (par >= n)).any()):
-            return max(N - 1, 0)
+            return N - 1
         depth[:, n] = depth.gather(1, par[:, None])[:, 0] + 1
-    return int(depth.max()) if N else 0
+    return int(depth.max())
 
 
 def verify_tree(
@@ -119,11 +136,10 @@ def verify_tree(
     valid [B] bool)
     """
     parents = _parents_arg(parents)
-    if depth is None:
-        depth = tree_depth(parents)
+    depth = tree_depth(parents) if depth is None else check_int("depth", depth, 0, 2**62)
     tokens, path, num_accepted, valid = _OPS.verify_tree(
         float_arg(target_logits), tree_token_ids, parents, float_arg(draft_probs), temperature_arg(temperature),
-        seed_arg(seed), int64_arg(offset, "offset"), int(depth), *filter_args(top_k, top_p, min_p))
+        seed_arg(seed), int64_arg(offset, "offset"), depth, *filter_args(top_k, top_p, min_p))
     return TreeVerifyResult(tokens, path, num_accepted, valid)
 
 
