@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up (scripts/setup.sh) and run ALL tests: C++ tests of the core and of the SIMT
 # emulator (CMake + GoogleTest), the Python suite, and the CUDA kernels' test families in
-# the SIMT emulation (scripts/simt_check.sh: coverage, ASan + UBSan, planted bugs). Tests
+# the SIMT emulation (scripts/simt_check.sh: coverage, ASan + UBSan, planted bugs), then the
+# wheel route (scripts/wheel_check.sh). Tests
 # marked cuda skip on a machine without a GPU; arguments go to the main pytest run, and
 # with any argument the emulation step is skipped (a quick, partial run).
 set -euo pipefail
@@ -33,6 +34,8 @@ echo "[test] Python tests"
 if [ $# -eq 0 ]; then
   .venv/bin/python -m pytest python_tests -q -rs -m "not simt"
   bash scripts/simt_check.sh
+  echo "[test] the wheel route: build a wheel (CPU kernels), install it into a fresh venv, use it"
+  SPECDEC_CPU_ONLY=1 bash scripts/wheel_check.sh
 else
   .venv/bin/python -m pytest python_tests -q -rs "$@"
 fi
