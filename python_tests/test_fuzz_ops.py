@@ -796,6 +796,26 @@ def wrapper_floats(via):
     return tuple(FLOAT_DTYPES) + ((torch.float64,) if via == "wrapper" else ())
 
 
+def classify_row_values(v: Verdict, a: Dict[str, Any], B: int, V: int, dev: str):
+    """The verdict on a sampling call's per-row values (temperature, seed, offset, filters):
+    (the Python temperature or None, the temperature of each row [B] or None, the filters of
+    each row or None)."""
+    temperature, seed, offset = a["temperature"], a["seed"], a["offset"]
+    t_py = classify_py_temperature(v, temperature, B)
+    t_rows = classify_tensor_temperature(v, temperature, B, dev)
+    if t_py is not None:
+        t_rows = torch.full((B,), t_py, dtype=torch.float32)
+    for name, x in (("seed", seed), ("offset", offset)):
+        classify_py_int(v, x, name, allow_none=name == "seed")
+        classify_tensor_int(v, x, name, B, dev)
+        if isinstance(x, torch.Tensor):
+            v.may(f"{name} int32", x.dtype == torch.int32)
+    scalar_t_bad = (isinstance(temperature, torch.Tensor) and temperature.dim() == 0 and not is_meta(temperature)
+                    and temperature.dtype.is_floating_point and not valid_temperature(f32(float(temperature))))
+    v.may("0-dim temperature tensor unusable", scalar_t_bad)
+    return t_py, t_rows, classify_filters(v, a, B, V, dev)
+
+
 def make_verify_case(via, args, how=None):
     a = args
     logits, ids, probs = a["target_logits"], a["draft_token_ids"], a["draft_probs"]
@@ -818,19 +838,7 @@ def make_verify_case(via, args, how=None):
         v.must("draft_probs dtype", probs.dtype not in wrapper_floats(via))
         v.must("draft_probs shape", tuple(probs.shape) != (B, K, V))
         v.must("draft_probs device", probs.device.type != dev)
-    t_py = classify_py_temperature(v, temperature, B)
-    t_rows = classify_tensor_temperature(v, temperature, B, dev)
-    if t_py is not None:
-        t_rows = torch.full((B,), t_py, dtype=torch.float32)
-    for name, x in (("seed", seed), ("offset", offset)):
-        classify_py_int(v, x, name, allow_none=name == "seed")
-        classify_tensor_int(v, x, name, B, dev)
-        if isinstance(x, torch.Tensor):
-            v.may(f"{name} int32", x.dtype == torch.int32)
-    scalar_t_bad = (isinstance(temperature, torch.Tensor) and temperature.dim() == 0 and not is_meta(temperature)
-                    and temperature.dtype.is_floating_point and not valid_temperature(f32(float(temperature))))
-    v.may("0-dim temperature tensor unusable", scalar_t_bad)
-    row_filters = classify_filters(v, a, B, V, dev)
+    t_py, t_rows, row_filters = classify_row_values(v, a, B, V, dev)
     n_rows = classify_num_drafts(v, num_drafts, B, max(K, 0), dev)
     if via == "wrapper":
         v.must(f"mode {mode!r}", not isinstance(mode, str) or mode not in ("exact", "coupled"))
@@ -1289,19 +1297,7 @@ def make_verify_tree_case(via, args, how=None):
         v.must("draft_probs dtype", probs.dtype not in wrapper_floats(via))
         v.must("draft_probs shape", tuple(probs.shape) != (B, N, V))
         v.must("draft_probs device", probs.device.type != dev)
-    t_py = classify_py_temperature(v, temperature, B)
-    t_rows = classify_tensor_temperature(v, temperature, B, dev)
-    if t_py is not None:
-        t_rows = torch.full((B,), t_py, dtype=torch.float32)
-    for name, x in (("seed", seed), ("offset", offset)):
-        classify_py_int(v, x, name, allow_none=name == "seed")
-        classify_tensor_int(v, x, name, B, dev)
-        if isinstance(x, torch.Tensor):
-            v.may(f"{name} int32", x.dtype == torch.int32)
-    scalar_t_bad = (isinstance(temperature, torch.Tensor) and temperature.dim() == 0 and not is_meta(temperature)
-                    and temperature.dtype.is_floating_point and not valid_temperature(f32(float(temperature))))
-    v.may("0-dim temperature tensor unusable", scalar_t_bad)
-    row_filters = classify_filters(v, a, B, V, dev)
+    t_py, t_rows, row_filters = classify_row_values(v, a, B, V, dev)
     chain = host_rows is not None and all(r == chain_list(N) for r in host_rows)
 
     def call():

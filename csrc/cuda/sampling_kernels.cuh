@@ -984,17 +984,24 @@ struct MinMerge {
   __device__ MinVal operator()(const MinVal& a, const MinVal& b) const { return MinVal{fminf(a.v, b.v)}; }
 };
 
-// fn(x) for every token of a row position (block-wide: thread t takes the groups
-// of 4 tokens t, t + blockDim, ...; one 16-byte / 8-byte load each when vec).
+// fn(v, x) for every token v of a row position, x its logit as float (block-wide: thread
+// t takes the groups of 4 tokens t, t + blockDim, ...; one 16-byte / 8-byte load each when
+// vec; a thread sees its tokens in increasing order).
 template <typename T, typename Fn>
-__device__ __forceinline__ void for_each_token(const T* row, int64_t V, bool vec, Fn&& fn) {
+__device__ __forceinline__ void for_each_token_at(const T* row, int64_t V, bool vec, Fn&& fn) {
   for (int64_t v0 = 4 * static_cast<int64_t>(threadIdx.x); v0 < V; v0 += 4 * static_cast<int64_t>(blockDim.x)) {
     float x[4];
     load4(row, v0, V, vec, -kInf, x);
 #pragma unroll
     for (int k = 0; k < 4; ++k)
-      if (v0 + k < V) fn(x[k]);
+      if (v0 + k < V) fn(v0 + k, x[k]);
   }
+}
+
+// fn(x) for every token of a row position (for_each_token_at without the index).
+template <typename T, typename Fn>
+__device__ __forceinline__ void for_each_token(const T* row, int64_t V, bool vec, Fn&& fn) {
+  for_each_token_at(row, V, vec, [&](int64_t, float x) { fn(x); });
 }
 
 // Zero the histogram(s) of the next pass. The first barrier: every thread has

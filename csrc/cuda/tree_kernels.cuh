@@ -65,28 +65,6 @@ struct TreeScratch {
   RaceBestShfl* race;
 };
 
-// fn(v, x) for every token v of a row (x as float; block-wide, the groups of 4 tokens
-// t, t + blockDim, ... of for_each_token).
-template <typename T, typename Fn>
-__device__ __forceinline__ void for_each_token_at(const T* row, int64_t V, bool vec, Fn&& fn) {
-  for (int64_t v0 = 4 * static_cast<int64_t>(threadIdx.x); v0 < V; v0 += 4 * static_cast<int64_t>(blockDim.x)) {
-    float x[4];
-    load4(row, v0, V, vec, -kInf, x);
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      if (v0 + k < V) fn(v0 + k, x[k]);
-  }
-}
-
-// fn(v) for every token of the block's buffers (the same threads own the same tokens).
-template <typename Fn>
-__device__ __forceinline__ void for_each_index(int64_t V, Fn&& fn) {
-  for (int64_t v0 = 4 * static_cast<int64_t>(threadIdx.x); v0 < V; v0 += 4 * static_cast<int64_t>(blockDim.x))
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      if (v0 + k < V) fn(v0 + k);
-}
-
 // Whether row b of the tree can be walked (block-wide, every thread gets it): usable
 // temperature and filter, a well-formed parents row of depth <= D, node tokens in
 // [0, V), and no NaN / +inf logit at any node.

@@ -166,6 +166,13 @@ def sample(
 _HOST_OK = ("temperature", "seed", "offset", "top_k", "top_p", "min_p", "num_drafts")
 
 
+def _check_row_values_fake(temperature, seed, offset):
+    """The per-row values every sampling op takes (temperature, seed, offset)."""
+    check_dtype(temperature, "temperature", FLOATS + (torch.float64,))
+    check_dtype(seed, "seed", INDEX)
+    check_dtype(offset, "offset", INDEX)
+
+
 def _check_filters_fake(top_k, top_p, min_p):
     for name, t, allowed in (("top_k", top_k, INDEX), ("top_p", top_p, FLOATS + (torch.float64,)),
                              ("min_p", min_p, FLOATS + (torch.float64,))):
@@ -190,9 +197,7 @@ def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed,
     check_dtype(target_logits, "target_logits", FLOATS)
     check_dtype(draft_token_ids, "draft_token_ids", INDEX)
     check_dtype(draft_probs, "draft_probs", FLOATS)
-    check_dtype(temperature, "temperature", FLOATS + (torch.float64,))
-    check_dtype(seed, "seed", INDEX)
-    check_dtype(offset, "offset", INDEX)
+    _check_row_values_fake(temperature, seed, offset)
     B, K1 = target_logits.shape[0], target_logits.shape[1]
     tokens = target_logits.new_empty((B, K1), dtype=torch.int64)
     num_accepted = target_logits.new_empty((B,), dtype=torch.int64)
@@ -209,7 +214,5 @@ def _sample_fake(logits, temperature, seed, offset, probs_out, top_k=None, top_p
     check_dim(probs_out, "probs_out", 2, "[B, V]")
     check_dtype(logits, "logits", FLOATS)
     check_dtype(probs_out, "probs_out", (torch.float32,))
-    check_dtype(temperature, "temperature", FLOATS + (torch.float64,))
-    check_dtype(seed, "seed", INDEX)
-    check_dtype(offset, "offset", INDEX)
+    _check_row_values_fake(temperature, seed, offset)
     return logits.new_empty((logits.shape[0],), dtype=torch.int64)

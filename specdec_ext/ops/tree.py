@@ -9,6 +9,7 @@ import torch
 from .._validate import check_int
 from ._args import FloatOrTensor, IntOrTensor, Temperature, filter_args, float_arg, int64_arg, seed_arg, temperature_arg
 from ._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype
+from .sampling import _HOST_OK, _check_filters_fake, _check_row_values_fake
 
 __all__ = ["TreeVerifyResult", "tree_depth", "verify_tree"]
 
@@ -148,8 +149,6 @@ def verify_tree(
 @torch.library.register_fake("specdec::verify_tree")
 def _verify_tree_fake(target_logits, tree_token_ids, parents, draft_probs, temperature, seed, offset, depth,
                       top_k=None, top_p=None, min_p=None):
-    from .sampling import _HOST_OK, _check_filters_fake
-
     check_devices(target_logits, "target_logits",
                   dict(tree_token_ids=tree_token_ids, parents=parents, draft_probs=draft_probs,
                        temperature=temperature, seed=seed, offset=offset, top_k=top_k, top_p=top_p, min_p=min_p),
@@ -162,9 +161,7 @@ def _verify_tree_fake(target_logits, tree_token_ids, parents, draft_probs, tempe
     check_dtype(tree_token_ids, "tree_token_ids", INDEX)
     check_dtype(parents, "parents", INDEX)
     check_dtype(draft_probs, "draft_probs", FLOATS)
-    check_dtype(temperature, "temperature", FLOATS + (torch.float64,))
-    check_dtype(seed, "seed", INDEX)
-    check_dtype(offset, "offset", INDEX)
+    _check_row_values_fake(temperature, seed, offset)
     if parents.dim() not in (1, 2):
         raise ValueError(f"parents must be [N] or [B, N], got shape {tuple(parents.shape)}")
     B, N = target_logits.shape[0], target_logits.shape[1]
