@@ -264,3 +264,22 @@ def test_errors(hf_pair):
         SpeculativeEngine(t, d, tree=(98,))
     with pytest.raises(ValueError, match="draft model \\(HFSpecModel\\) does not support tree speculation"):
         SpeculativeEngine(t, HFSpecModel(draft), tree=(2,))
+
+
+@pytest.mark.parametrize("top_k", [1, torch.tensor([1, 1, 1])], ids=["int", "per_row"])
+def test_sampled_children_are_drawn_from_the_filtered_draft_law(top_k):
+    """Sampled mode draws a node's children, and writes its q, under the run's filters: with
+    top_k = 1 every child is the draft's argmax and q is one-hot there (the law verify_tree is
+    given is the one the children were drawn from, the filtered one, as in a chain)."""
+    from specdec_ext.engine.inputs import SamplingArgs
+    from specdec_ext.engine.tree import _children
+
+    B, M, b, V = 3, 2, 4, 50
+    logits = torch.randn(B, M, V, generator=torch.Generator().manual_seed(0)) * 3
+    sampling = SamplingArgs(torch.full((B,), 1.0), {"top_k": top_k, "top_p": None, "min_p": None}, 5)
+    offsets = torch.arange(M * b).view(M, b)
+    q = torch.empty(B * M, V)
+    kids = _children(logits, b, True, sampling, offsets, q)
+    argmax = logits.argmax(-1)
+    assert torch.equal(kids, argmax.unsqueeze(-1).expand(B, M, b))
+    assert torch.equal(q, torch.nn.functional.one_hot(argmax.view(-1), V).float())

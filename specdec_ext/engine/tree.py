@@ -117,9 +117,13 @@ def _children(logits: torch.Tensor, b: int, sampled: bool, sampling: SamplingArg
     if not sampled:
         return top
     flat = logits.reshape(B * M, V)
-    temperature = sampling.temperature.repeat_interleave(M)
-    seed = sampling.seed.repeat_interleave(M) if isinstance(sampling.seed, torch.Tensor) else sampling.seed
-    draws = [sample(flat, temperature, seed=seed, offset=offsets[:, c].repeat(B),
+
+    def per_node(x):  # a per-row [B] value -> [B * M] (row b's value for each of its M nodes)
+        return x.repeat_interleave(M) if isinstance(x, torch.Tensor) and x.dim() == 1 else x
+
+    temperature, seed = per_node(sampling.temperature), per_node(sampling.seed)
+    filters = {name: per_node(value) for name, value in sampling.filters.items()}  # q: the filtered draft law
+    draws = [sample(flat, temperature, **filters, seed=seed, offset=offsets[:, c].repeat(B),
                     probs_out=q_out if c == 0 else None) for c in range(b)]
     return torch.where((sampling.temperature == 0).view(B, 1, 1), top, torch.stack(draws, dim=-1).view(B, M, b))
 
