@@ -71,6 +71,19 @@ def test_target_only_coupled_is_plain_sampling_keyed_by_position(llamas, target_
 
 
 @pytest.mark.parametrize("impl", ["hf", "reference"])
+def test_plain_decoding_is_one_text_in_both_modes(llamas, target_only, impl):
+    """k = 0 (no drafts) in exact mode draws the same position-keyed samples as in coupled mode:
+    "target-only sampling with this seed" is one text, equal to the hand-written sample loop
+    (test above) and to coupled speculation at any K (tests below); ragged batch with per-row
+    seeds and B = 1 with an int seed."""
+    t = _wrap(llamas["target"], impl)
+    ids, mask = ragged_prompts()
+    exact = SpeculativeEngine(t, None, k=0, adaptive_k=False)  # verify_mode="exact", the default
+    assert exact.generate(ids, 16, attention_mask=mask, seed=ROW_SEEDS, **FILTERS).generated == target_only[impl][0]
+    assert exact.generate(ids[:1], 24, seed=5, **FILTERS).generated == target_only[impl][1]
+
+
+@pytest.mark.parametrize("impl", ["hf", "reference"])
 @pytest.mark.parametrize("which", ["good", "bad"])
 @pytest.mark.parametrize("k,adaptive", [(1, False), (3, False), (5, False), (5, "cost")])
 def test_coupled_output_equals_target_only_sampling(llamas, target_only, impl, which, k, adaptive):

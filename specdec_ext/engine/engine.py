@@ -257,7 +257,10 @@ class SpeculativeEngine:
                                                          for n, v in filters.items()},
                                 self._to_device(seed) if isinstance(seed, torch.Tensor) else seed)
         pad = self.pad_token_id if self.pad_token_id is not None else (min(eos) if eos else 0)
-        keys = StepKeys(self.tree.num_nodes() - 1) if self.tree is not None else StepKeys(self.k_max, self.coupled)
+        # plain decoding (k = 0) is keyed by position in both modes (rng_keys.py): "target-only
+        # sampling with this seed" is one text, the one coupled mode reproduces for any K
+        keys = (StepKeys(self.tree.num_nodes() - 1) if self.tree is not None
+                else StepKeys(self.k_max, self.coupled or self.k_max == 0))
         run = Run(ids, prompts, max_new_tokens, eos, pad, sampling, bool((temps == 0).all()),
                   keys, self._policy(temps), costs,
                   self._to_device(torch.tensor([p[-1] for p in prompts], dtype=torch.int64)))

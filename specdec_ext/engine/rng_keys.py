@@ -42,6 +42,12 @@ So the token at position P of row b is always the target's sample keyed by (row 
 P): the text equals target-only sampling (K = 0) with the same seed, whatever K, the draft,
 adaptive K or (with per-row seeds) the batch makeup. The draft shares the target's noise at
 each position, so it draws the same token whenever its law is close to the target's.
+
+Plain decoding (``k=0``: no drafts at all) uses the coupled keys in BOTH modes: its token at
+position P of row b is ``sample(logits, seed=row b's seed, offset=P)``. So "target-only
+sampling with this seed" is one text: that of ``SpeculativeEngine(target, None, k=0)`` in
+either mode, of coupled mode at any K, and of a plain loop calling :func:`specdec_ext.sample`
+with ``offset`` = the position.
 """
 from __future__ import annotations
 
