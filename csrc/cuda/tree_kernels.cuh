@@ -184,12 +184,9 @@ __device__ void tree_row(const TreeVerifyParams& P, const TreeWorkspace& W, int6
   if (ok) {
     const int64_t* parents = P.parents_of(b);
     const int64_t* ids = P.token_ids + b * N;
-    const float t = P.temperature.get(b);
-    const bool greedy = t == 0.0f;
-    const float inv_t = greedy ? 1.0f : 1.0f / t;
+    const bool greedy = P.temperature.get(b) == 0.0f;
     const RowRng rng = make_row_rng(P.rnd, b);
     const TL* logits = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
-    const TQ* probs = P.draft_probs ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b : nullptr;
     float* cur = W.residual + static_cast<int64_t>(blockIdx.x) * 2 * V;
     float* next = cur + V;
     int64_t node = 0;
@@ -208,6 +205,10 @@ __device__ void tree_row(const TreeVerifyParams& P, const TreeWorkspace& W, int6
           if (ids[c] == ma.arg) accepted = c;
         if (accepted < 0) token = ma.arg;
       } else {
+        // 1 / T and the q row are derived here, per node: kept live across the whole walk they
+        // were spilled around the division slow-path calls (8 bytes of stack)
+        const float inv_t = 1.0f / P.temperature.get(b);
+        const TQ* probs = P.draft_probs ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b : nullptr;
         TreeNodeDev<TL, TQ> nd{row, probs ? probs + node * P.probs_stride_n : nullptr, V, vec, ma.m, inv_t,
                                W.cutoff ? W.cutoff[b * N + node] : -kInf, 0.0f};
         float part = 0.0f;
