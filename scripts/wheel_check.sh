@@ -39,9 +39,9 @@ import torch
 
 import specdec_ext
 
-root = os.path.realpath(sys.argv[1])
+source = os.path.realpath(os.path.join(sys.argv[1], "specdec_ext"))
 where = os.path.realpath(specdec_ext.__file__)
-assert not where.startswith(root + os.sep), f"imported the source tree, not the wheel: {where}"
+assert not where.startswith(source + os.sep), f"imported the source tree, not the wheel: {where}"
 assert specdec_ext.__version__, "no __version__"
 logits = torch.randn(4, 3, 500)
 res = specdec_ext.verify(logits, torch.randint(0, 500, (4, 2)), None, 0.8, seed=1)
