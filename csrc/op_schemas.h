@@ -36,6 +36,9 @@ namespace specdec::schemas {
 //   coupled         false: Leviathan's ratio test. true: the token at verified position i of
 //                   row b is sample(target_logits[b, i], ..., offset = offset[b] + i) (row b's
 //                   sample stream); a draft is accepted iff it equals it (draft_probs not read)
+//   probs_input     true: target_logits holds PROBABILITIES (float32 only, >= 0, any scale), read
+//                   as log p where a logit is read (core/prob_input.h): no separate log pass;
+//                   p = 0 is -inf, a negative / NaN / +inf p makes the row invalid
 // A row is invalid (tokens -1, num_accepted 0, valid false) exactly for NaN / +inf logits at
 // positions 0..num_drafts[b], all -inf logits at a used position, an unusable temperature or
 // filter value, num_drafts[b] outside [0, K], a draft id outside [0, V) among the tested ones
@@ -45,7 +48,8 @@ namespace specdec::schemas {
 inline constexpr const char* kVerifySchema =
     "verify(Tensor target_logits, Tensor draft_token_ids, Tensor? draft_probs, "
     "Tensor temperature, Tensor seed, Tensor offset, Tensor? top_k=None, Tensor? top_p=None, "
-    "Tensor? min_p=None, Tensor? num_drafts=None, bool coupled=False) -> (Tensor, Tensor, Tensor)";
+    "Tensor? min_p=None, Tensor? num_drafts=None, bool coupled=False, bool probs_input=False) "
+    "-> (Tensor, Tensor, Tensor)";
 
 // Fused draft-step sampler: temperature softmax + one draw per row.
 //   logits      [B, V] float32|float16|bfloat16 (any row stride)
@@ -53,11 +57,31 @@ inline constexpr const char* kVerifySchema =
 //   probs_out   [B, V] float32 written in place with the normalised (filtered) probabilities
 //               (may be a strided slice such as draft_probs[:, i]), or None
 //   top_k, top_p, min_p as in verify: the draw and probs_out follow the filtered law q'
+//   probs_input as in verify (logits holds float32 probabilities)
 // returns tokens [B] int64 (-1 for a row with NaN / +inf / all -inf logits or an unusable
 // temperature or filter value; such a row's probs_out is all 0)
 inline constexpr const char* kSampleSchema =
     "sample(Tensor logits, Tensor temperature, Tensor seed, Tensor offset, "
-    "Tensor(a!)? probs_out, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None) -> Tensor";
+    "Tensor(a!)? probs_out, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
+    "bool probs_input=False) -> Tensor";
+
+// The filtered law of each row WITHOUT a draw: sample's passes up to the race, the same
+// cutoffs (core/filter_math.h) and the same arithmetic, so the result is bit for bit what
+// sample(..., probs_out=) writes for the same row.
+//   logits, temperature, top_k, top_p, min_p, probs_input: as in sample
+// returns probs [B, V] float32: the renormalised filtered law (one-hot at the first argmax
+// for a greedy row, all 0 for an invalid row, as sample's probs_out)
+inline constexpr const char* kFilteredProbsSchema =
+    "filtered_probs(Tensor logits, Tensor temperature, Tensor? top_k=None, Tensor? top_p=None, "
+    "Tensor? min_p=None, bool probs_input=False) -> Tensor";
+
+// The same cutoffs as filtered_probs, applied to the logits: returns [B, V] in the logits'
+// dtype, each logit copied where it is kept and -inf elsewhere (the first argmax only for a
+// greedy row; all NaN for an invalid row). The temperature only moves the top-p / min-p
+// cutoffs: the output is not divided by it, so softmax(out / T) == filtered_probs.
+inline constexpr const char* kMaskLogitsSchema =
+    "mask_logits(Tensor logits, Tensor temperature, Tensor? top_k=None, Tensor? top_p=None, "
+    "Tensor? min_p=None) -> Tensor";
 
 // Fused verification of a TREE of drafts (core/tree_params.h: the walk, its random numbers).
 // Shapes: N tree nodes (node 0 = the root, the last committed token), D = depth.
@@ -94,10 +118,11 @@ inline constexpr const char* kVerifyTreeSchema =
 inline constexpr const char* kVerifyReferenceSchema =
     "verify_reference(Tensor target_logits, Tensor draft_token_ids, Tensor? draft_probs, "
     "Tensor temperature, Tensor seed, Tensor offset, Tensor? top_k=None, Tensor? top_p=None, "
-    "Tensor? min_p=None, Tensor? num_drafts=None, bool coupled=False) -> (Tensor, Tensor, Tensor)";
+    "Tensor? min_p=None, Tensor? num_drafts=None, bool coupled=False, bool probs_input=False) "
+    "-> (Tensor, Tensor, Tensor)";
 inline constexpr const char* kSampleReferenceSchema =
     "sample_reference(Tensor logits, Tensor temperature, Tensor seed, Tensor offset, "
-    "Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None) -> (Tensor, Tensor)";
+    "Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, bool probs_input=False) -> (Tensor, Tensor)";
 
 // ---- KV cache (csrc/cpu/kv_cache_cpu.cpp, csrc/cuda/kv_cache_cuda.cu) ----
 // Shapes: H kv heads, D head dim, M = max_len, S new tokens per row, T tokens,
@@ -193,11 +218,13 @@ inline constexpr const char* kPagedKvCompactSchema =
     "Tensor src_index, Tensor count, Tensor(c!)? invalid=None) -> ()";
 
 // Every op, in registration order; kCudaOps: the ops that have a CUDA kernel.
-inline constexpr const char* kAll[] = {kVerifySchema,          kSampleSchema,         kVerifyTreeSchema,
+inline constexpr const char* kAll[] = {kVerifySchema,          kSampleSchema,         kFilteredProbsSchema,
+                                       kMaskLogitsSchema,      kVerifyTreeSchema,
                                        kVerifyReferenceSchema, kSampleReferenceSchema, kKvAppendSchema,
                                        kKvRollbackSchema,      kPagedKvAppendSchema,  kPagedKvGatherSchema,
                                        kPagedKvGatherIntoSchema, kKvCompactSchema,    kPagedKvCompactSchema};
-inline constexpr const char* kCudaOps[] = {kVerifySchema,        kSampleSchema,        kVerifyTreeSchema, kKvAppendSchema,
+inline constexpr const char* kCudaOps[] = {kVerifySchema,        kSampleSchema,        kFilteredProbsSchema,
+                                           kMaskLogitsSchema,    kVerifyTreeSchema,    kKvAppendSchema,
                                            kKvRollbackSchema,    kPagedKvAppendSchema, kPagedKvGatherSchema,
                                            kPagedKvGatherIntoSchema, kKvCompactSchema, kPagedKvCompactSchema};
 

@@ -116,6 +116,15 @@ RowFilters row_filters(const SamplingFilters& in, const at::Tensor& ref, int64_t
   return f;
 }
 
+// The logits argument's dtype: one of the three float dtypes, or (probs_input: the tensor
+// holds probabilities, read as log p by the kernels, core/prob_input.h) float32 only.
+DType logits_dtype_arg(const at::Tensor& t, const char* name, bool probs_input) {
+  if (!probs_input) return float_dtype(t, name);
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, name, " must be float32 when probs_input=True (it holds ",
+                   "probabilities), got ", t.scalar_type());
+  return DType::kProbsF32;
+}
+
 // draft_probs [B, positions, V] (verify: positions = K; verify_tree: N), on the logits'
 // device: its dtype, and ptr / strides of the vocab-contiguous copy kept in `keep`.
 DType draft_probs_arg(const at::Tensor& q, const at::Tensor& logits, int64_t B, int64_t positions,
@@ -170,11 +179,12 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
                             const std::optional<at::Tensor>& draft_probs,
                             const at::Tensor& temperature, const at::Tensor& seed,
                             const at::Tensor& offset, const SamplingFilters& filters,
-                            const std::optional<at::Tensor>& num_drafts, bool coupled, HostChecks checks) {
+                            const std::optional<at::Tensor>& num_drafts, bool coupled, bool probs_input,
+                            HostChecks checks) {
   VerifyLaunch L;
   VerifyParams& P = L.params;
   TORCH_CHECK_VALUE(target_logits.dim() == 3, "target_logits must be [B, K+1, V], got shape ", target_logits.sizes());
-  L.logits_dtype = float_dtype(target_logits, "target_logits");
+  L.logits_dtype = logits_dtype_arg(target_logits, "target_logits", probs_input);
   const int64_t B = target_logits.size(0), K = target_logits.size(1) - 1, V = target_logits.size(2);
   TORCH_CHECK_VALUE(K >= 0, "target_logits must be [B, K+1, V] with K+1 >= 1, got shape ", target_logits.sizes());
   TORCH_CHECK_VALUE(V >= 1, "target_logits must have a vocabulary size V >= 1, got shape ", target_logits.sizes());
@@ -281,14 +291,14 @@ TreeVerifyLaunch prepare_verify_tree(const at::Tensor& target_logits, const at::
   return L;
 }
 
-SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperature,
-                            const at::Tensor& seed, const at::Tensor& offset,
-                            const std::optional<at::Tensor>& probs_out, const SamplingFilters& filters,
-                            HostChecks checks) {
-  SampleLaunch L;
+namespace {
+
+// The [B, V] rows, temperature and filters of sample / filtered_probs / mask_logits.
+void sample_rows_arg(const at::Tensor& logits, const at::Tensor& temperature, const SamplingFilters& filters,
+                     bool probs_input, HostChecks checks, SampleLaunch& L) {
   SampleParams& P = L.params;
   TORCH_CHECK_VALUE(logits.dim() == 2, "logits must be [B, V], got shape ", logits.sizes());
-  L.logits_dtype = float_dtype(logits, "logits");
+  L.logits_dtype = logits_dtype_arg(logits, "logits", probs_input);
   const int64_t B = logits.size(0), V = logits.size(1);
   TORCH_CHECK_VALUE(V >= 1, "logits must have a vocabulary size V >= 1, got shape ", logits.sizes());
   at::Tensor l = unit_stride_last(logits);
@@ -298,8 +308,36 @@ SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperat
   P.B = B;
   P.V = V;
   P.temperature = per_row_temperature(temperature, logits, B, L.keep_alive);
-  P.rnd = randomness(seed, offset, logits, B, L.keep_alive);
   P.filters = row_filters(filters, logits, B, V, L.keep_alive, checks);
+}
+
+}  // namespace
+
+SampleLaunch prepare_filtered(const at::Tensor& logits, const at::Tensor& temperature, const SamplingFilters& filters,
+                              bool probs_input, FilteredOutput output, HostChecks checks) {
+  SampleLaunch L;
+  sample_rows_arg(logits, temperature, filters, probs_input, checks, L);
+  SampleParams& P = L.params;
+  if (output == FilteredOutput::kProbs) {
+    L.out = at::empty({P.B, P.V}, logits.options().dtype(at::kFloat));
+    P.probs_out = L.out.mutable_data_ptr<float>();
+    P.probs_stride_b = P.V;
+  } else {
+    L.out = at::empty({P.B, P.V}, logits.options());
+    P.masked_out = L.out.mutable_data_ptr();
+  }
+  return L;
+}
+
+SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperature,
+                            const at::Tensor& seed, const at::Tensor& offset,
+                            const std::optional<at::Tensor>& probs_out, const SamplingFilters& filters,
+                            bool probs_input, HostChecks checks) {
+  SampleLaunch L;
+  sample_rows_arg(logits, temperature, filters, probs_input, checks, L);
+  SampleParams& P = L.params;
+  const int64_t B = P.B, V = P.V;
+  P.rnd = randomness(seed, offset, logits, B, L.keep_alive);
   if (probs_out.has_value()) {
     const at::Tensor& o = *probs_out;
     TORCH_CHECK_TYPE(o.scalar_type() == at::kFloat, "probs_out must be float32, got ", o.scalar_type());

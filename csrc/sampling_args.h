@@ -34,15 +34,19 @@ struct VerifyLaunch {
 struct SampleLaunch {
   SampleParams params;
   DType logits_dtype = DType::kFloat32;
-  at::Tensor tokens;                   // output
+  at::Tensor tokens;                   // output (sample)
+  at::Tensor out;                      // output (filtered_probs / mask_logits)
   std::vector<at::Tensor> keep_alive;
 };
+
+// What filtered_probs / mask_logits write.
+enum class FilteredOutput { kProbs, kMask };
 
 VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
                             const std::optional<at::Tensor>& draft_probs,
                             const at::Tensor& temperature, const at::Tensor& seed,
                             const at::Tensor& offset, const SamplingFilters& filters,
-                            const std::optional<at::Tensor>& num_drafts, bool coupled,
+                            const std::optional<at::Tensor>& num_drafts, bool coupled, bool probs_input,
                             HostChecks checks = HostChecks::kCpuTensors);
 
 struct TreeVerifyLaunch {
@@ -65,6 +69,12 @@ TreeVerifyLaunch prepare_verify_tree(const at::Tensor& target_logits, const at::
 SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperature,
                             const at::Tensor& seed, const at::Tensor& offset,
                             const std::optional<at::Tensor>& probs_out, const SamplingFilters& filters,
-                            HostChecks checks = HostChecks::kCpuTensors);
+                            bool probs_input, HostChecks checks = HostChecks::kCpuTensors);
+
+// filtered_probs (kProbs: params.probs_out) / mask_logits (kMask: params.masked_out, the
+// logits' dtype; the wrapper never passes probs_input with it): out [B, V] contiguous, no
+// tokens, no randomness.
+SampleLaunch prepare_filtered(const at::Tensor& logits, const at::Tensor& temperature, const SamplingFilters& filters,
+                              bool probs_input, FilteredOutput output, HostChecks checks = HostChecks::kCpuTensors);
 
 }  // namespace specdec

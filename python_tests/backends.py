@@ -24,7 +24,7 @@ import specdec_ext
 SIMT_SCHEDULES = tuple(os.environ.get("SPECDEC_SIMT_SCHEDULES", "1,2,3").split(","))
 
 # the arguments each op writes (restored before each schedule, compared after)
-_MUTATED = {"verify": (), "sample": ("probs_out",), "verify_tree": (), "kv_append_": ("key_cache", "value_cache", "overflow"),
+_MUTATED = {"verify": (), "sample": ("probs_out",), "filtered_probs": (), "mask_logits": (), "verify_tree": (), "kv_append_": ("key_cache", "value_cache", "overflow"),
             "kv_rollback_": ("lengths", "invalid"), "paged_kv_append_": ("key_cache", "value_cache", "invalid"),
             "paged_kv_gather": ("out",), "kv_compact_": ("key_cache", "value_cache", "invalid"),
             "paged_kv_compact_": ("key_cache", "value_cache", "invalid")}
@@ -77,6 +77,8 @@ class CudaBackend(_Backend):
     device = "cuda"
     verify = staticmethod(specdec_ext.verify)
     sample = staticmethod(specdec_ext.sample)
+    filtered_probs = staticmethod(specdec_ext.filtered_probs)
+    mask_logits = staticmethod(specdec_ext.mask_logits)
     verify_tree = staticmethod(specdec_ext.verify_tree)
     kv_append_ = staticmethod(specdec_ext.kv_append_)
     kv_rollback_ = staticmethod(specdec_ext.kv_rollback_)

@@ -83,6 +83,7 @@ ARG_NAMES = {
     "verify_tree": ["target_logits", "tree_token_ids", "parents", "draft_probs", "temperature", "seed", "offset",
                     "depth", "top_k", "top_p", "min_p"],
     "sample": ["logits", "temperature", "seed", "offset", "probs_out", "top_k", "top_p", "min_p"],
+    "filtered": ["logits", "temperature", "top_k", "top_p", "min_p", "probs_input"],
     "kv_append_": ["key_cache", "value_cache", "new_k", "new_v", "lengths", "overflow"],
     "kv_rollback_": ["lengths", "num_appended", "num_kept", "invalid"],
     "paged_kv_append_": ["key_cache", "value_cache", "new_k", "new_v", "slot_mapping", "invalid"],
@@ -2254,6 +2255,103 @@ def make_mask_case(additive, args):
 
 
 # =============================================================================================
+# filtered_probs / mask_logits (and probs_input)
+# =============================================================================================
+@st.composite
+def filtered_cases(draw):
+    """sample's arguments without the randomness, through filtered_probs or mask_logits, now
+    and then with probs_input (filtered_probs): the result must be what sample writes to
+    probs_out for the same call (bit for bit), and mask_logits must keep exactly its support."""
+    via = draw(st.sampled_from(["raw", "wrapper"]))
+    op = draw(st.sampled_from(["filtered_probs", "mask_logits"]))
+    focus = focus_draw(draw, False)
+    B = draw(rarely_zero(4, p=1000 if focus else 10))
+    V = draw(FOCUS_VOCAB if focus else vocab_size())
+    c = Chaos(draw, focus)
+    shape = c.shape([B, V])
+    probs_input = op == "filtered_probs" and draw(st.booleans())
+    if probs_input:  # probabilities: mostly >= 0, some zeros; now and then a bad one
+        vals = draw(float_values(shape, regimes=("randn", "const", "tiny", "big"))).abs()
+        if vals.numel() and draw(st.integers(0, 4)) == 0:
+            vals.view(-1)[draw(st.integers(0, vals.numel() - 1))] = draw(st.sampled_from([0.0, -1.0, math.nan, math.inf]))
+        lvals = vals
+    else:
+        lvals = draw(float_values(shape, regimes=FOCUS_REGIMES, specials=False) if focus else float_values(shape))
+    dtype = torch.float32 if probs_input and draw(st.integers(0, 5)) else c.fdtype()  # probabilities: float32
+    logits = draw(tensors(lvals, dtype, meta=c.meta()))
+    temperature = draw(py_or_tensor_temperature(B, via, c, values=FOCUS_TEMPERATURES if focus else None))
+    filters = draw(filter_args_draw(B, V, via, c, focus))
+    if via == "raw":
+        temperature = temperature if isinstance(temperature, torch.Tensor) else torch.tensor(float(temperature))
+    args = dict(logits=logits, temperature=temperature, **filters)
+    if op == "filtered_probs":
+        # a flag of the wrong type: the wrapper's TypeError (torch's own schema check judges the raw op)
+        bad_flag = via == "wrapper" and draw(st.integers(0, 19)) == 0
+        args["probs_input"] = draw(st.sampled_from([1, "yes", None])) if bad_flag else probs_input
+    return make_filtered_case(via, op, args)
+
+
+def make_filtered_case(via, op, args):
+    a = args
+    logits, temperature, probs_input = a["logits"], a["temperature"], a.get("probs_input", False)
+    seed, offset = (torch.tensor(0), torch.tensor(0)) if via == "raw" else (0, 0)
+    # the rules of sample's arguments (logits, temperature, filters) are the rules here
+    v = make_sample_case(via, dict(a, seed=seed, offset=offset, probs_out=None)).verdict
+    v.must("probs_input not a bool", not isinstance(probs_input, bool))
+    float_in = logits.dtype == torch.float32 or (via == "wrapper" and logits.dtype == torch.float64)
+    v.must("logits dtype with probs_input", probs_input is True and not float_in)
+    dev = logits.device.type
+    B, V = (tuple(logits.shape) + (0, 0))[:2] if logits.dim() <= 2 else (0, 0)
+    filters = {name: a.get(name) for name in FILTER_NAMES}
+
+    def call():
+        if via == "raw":
+            if op == "filtered_probs":
+                return ops().filtered_probs(logits, temperature, *filters.values(), probs_input)
+            return ops().mask_logits(logits, temperature, *filters.values())
+        if op == "filtered_probs":
+            return api().filtered_probs(logits, temperature, probs_input=probs_input, **filters)
+        return api().mask_logits(logits, temperature, **filters)
+
+    def check(out, pre, snap):
+        out_dtype = torch.float32 if op == "filtered_probs" or logits.dtype == torch.float64 else logits.dtype
+        if out.dtype != out_dtype or tuple(out.shape) != (B, V) or out.device.type != dev:
+            fail(f"{op} output metadata", f"{describe(out)}, expected {out_dtype} [{B}, {V}] on {dev}")
+        if dev == "meta":
+            return
+        check_unchanged_except(snap, {}, f"{op} writes only its output")
+        ref = torch.full((B, V), 7.0)
+        t_ref = pre["temperature"] if "temperature" in pre else torch.tensor(f32(float(temperature)))
+        x = pre["logits"].float() if pre["logits"].dtype == torch.float64 else pre["logits"]
+        ops().sample(x, t_ref, torch.tensor(0), torch.tensor(0), ref,
+                     *(raw_filter(a, pre, name) for name in FILTER_NAMES), bool(probs_input))
+        if op == "filtered_probs":
+            if not torch.equal(out.view(torch.int32), ref.view(torch.int32)):
+                bad = (out.view(torch.int32) != ref.view(torch.int32)).nonzero()[:4].tolist()
+                fail("filtered_probs differs from sample's probs_out", f"at {bad}")
+            return
+        for b in range(B):
+            row, r, xb = out[b].float(), ref[b], x[b]
+            if bool((r == 0).all()):  # an invalid row (a valid one has mass)
+                if not bool(torch.isnan(row).all()):
+                    fail("mask_logits: invalid row not all NaN", f"row {b}: {row.tolist()[:8]}")
+                continue
+            kept = row != -math.inf
+            if bool(((r > 0) & ~kept).any()):
+                fail("mask_logits: a token with mass in probs_out is masked", f"row {b}")
+            if not torch.equal(out[b][kept], xb.to(out.dtype)[kept]):
+                fail("mask_logits: a kept logit is not the input's", f"row {b}")
+            # a kept token without mass: only where its probability underflows float32
+            under = kept & (r == 0) & (xb.float() > -math.inf)
+            if bool(under.any()):
+                T = float(t_ref if t_ref.dim() == 0 else t_ref[b])
+                gap = float((xb.float().max() - xb.float()[under].max()) / max(T, 1e-30)) if T > 0 else math.inf
+                if T == 0 or gap < 80:
+                    fail("mask_logits keeps a token filtered_probs gives no mass", f"row {b}, T={T}")
+    return Case("filtered", via, args, call, v, check)
+
+
+# =============================================================================================
 # Targets: one hypothesis search each (run in a subprocess by test_fuzz)
 # =============================================================================================
 # Known-bug reproducers pinned as explicit examples (hypothesis runs them first).
@@ -2392,6 +2490,7 @@ def _build_targets():
         "verify_tree_alias": (verify_tree_cases(alias=True), None),
         "sample": (sample_cases(), _pinned_sample),
         "sample_alias": (sample_cases(alias=True), None),
+        "filtered": (filtered_cases(), None),
         "kv_append_": (kv_append_cases(), _pinned_kv_append_caches),
         "kv_append_alias": (kv_append_cases(alias=True), _pinned_kv_append),
         "kv_rollback_": (kv_rollback_cases(), _pinned_rollback),
@@ -2408,7 +2507,8 @@ def _build_targets():
     }
 
 
-TARGET_NAMES = ["verify", "verify_alias", "verify_tree", "verify_tree_alias", "sample", "sample_alias", "kv_append_",
+TARGET_NAMES = ["verify", "verify_alias", "verify_tree", "verify_tree_alias", "sample", "sample_alias", "filtered",
+                "kv_append_",
                 "kv_append_alias", "kv_rollback_", "kv_rollback_alias", "paged_kv_append_", "paged_kv_append_alias",
                 "paged_kv_gather", "paged_kv_gather_alias", "kv_compact_", "kv_compact_alias", "paged_kv_compact_",
                 "paged_kv_compact_alias", "spec_attention_mask"]

@@ -1,16 +1,20 @@
 """Static checks of the built CUDA kernels (no GPU needed; `python -m specdec_ext.bench sass`):
-no register spills in any of our kernels, <= 80 registers for verify / sample (3 blocks of
-256 threads per SM on an H200), and at least one 128-bit global load in every verify and
-sample instantiation. Skipped on a CPU-only build or when no cuobjdump is found."""
+no register spills in any of our kernels, <= 80 registers for verify / sample /
+filtered_probs (3 blocks of 256 threads per SM on an H200), and at least one 128-bit global
+load in every verify, sample and filtered_probs / mask_logits instantiation. Skipped on a CPU-only build or when no cuobjdump is found."""
 import pytest
 
 from specdec_ext.bench import sass
 
 MAX_REGS = 80
+# logits dtypes: float32 / float16 / bfloat16 and float32 probabilities (probs_input: ProbAsLogit)
+N_LOGITS = 4
 # every (logits, probs) dtype pair of verify and every logits dtype of sample
-N_VERIFY, N_SAMPLE = 9, 3
+N_VERIFY, N_SAMPLE = N_LOGITS * 3, N_LOGITS
 # filter_cutoff_kernel per logits dtype; coupled_race_kernel per logits dtype + coupled_decide_kernel
-N_FILTER, N_COUPLED = 3, 4
+N_FILTER, N_COUPLED = N_LOGITS, N_LOGITS + 1
+# filtered_kernel: filtered_probs per logits dtype, mask_logits per float dtype (logits only)
+N_FILTERED = N_LOGITS + 3
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +56,7 @@ def test_all_kernels_found(rows):
         assert len(_of(here, "sample")) == N_SAMPLE, [r["name"] for r in here]
         assert len(_of(here, "filter")) == N_FILTER, [r["name"] for r in here]
         assert len(_of(here, "coupled")) == N_COUPLED, [r["name"] for r in here]
+        assert len(_of(here, "filtered")) == N_FILTERED, [r["name"] for r in here]
         assert _of(here, "kv"), [r["name"] for r in here]
 
 
@@ -61,10 +66,10 @@ def test_no_spills(rows):
 
 
 def test_registers_verify_sample(rows):
-    bad = [(r["arch"], r["name"], r["reg"]) for r in _of(rows, "verify") + _of(rows, "sample")
-           if r["reg"] is None or r["reg"] > MAX_REGS]
+    staged = _of(rows, "verify") + _of(rows, "sample") + _of(rows, "filtered")  # same launch bounds
+    bad = [(r["arch"], r["name"], r["reg"]) for r in staged if r["reg"] is None or r["reg"] > MAX_REGS]
     assert not bad, bad
-    for r in _of(rows, "verify") + _of(rows, "sample"):
+    for r in staged:
         assert r["blocks_per_sm"] >= 3, r
 
 
@@ -76,6 +81,6 @@ def test_registers_coupled_race(rows):
 
 
 def test_128bit_loads_verify_sample(rows):
-    bad = [(r["arch"], r["name"], r["ldg128"]) for r in _of(rows, "verify") + _of(rows, "sample")
+    bad = [(r["arch"], r["name"], r["ldg128"]) for r in _of(rows, "verify") + _of(rows, "sample") + _of(rows, "filtered")
            if not r["ldg128"]]
     assert not bad, bad

@@ -3,7 +3,8 @@
 Layers, bottom up (each package documents its modules):
 
 - :mod:`specdec_ext.ops`     the ``torch.ops.specdec.*`` custom ops: wrappers + fake kernels
-  (:func:`verify`, :func:`sample`, :func:`verify_tree`, :func:`kv_append_`, :func:`kv_rollback_`,
+  (:func:`verify`, :func:`sample`, :func:`filtered_probs`, :func:`mask_logits`, :func:`verify_tree`,
+  :func:`kv_append_`, :func:`kv_rollback_`,
   :func:`kv_compact_`, :func:`paged_kv_append_`, :func:`paged_kv_gather`, :func:`paged_kv_compact_`)
 - :mod:`specdec_ext.cache`   :class:`KVCache`, :class:`BlockManager`, :class:`PagedKVCache`,
   :func:`spec_attention_mask`, :func:`spec_attention_mask_bool`
@@ -22,8 +23,8 @@ from .cache import (Allocation, BlockManager, KVCache, PagedKVCache, TreeNodes, 
                     spec_attention_mask_bool, tree_attention_mask, tree_attention_mask_bool, tree_positions)
 from .engine import GenerationOutput, RowStats, SpecDecMetrics, SpeculativeEngine
 from .errors import CacheFullError, DeviceFlagError, ModelOutputError, OutOfBlocksError, SpecDecError
-from .ops import (TreeVerifyResult, VerifyResult, kv_append_, kv_compact_, kv_rollback_, paged_kv_append_,
-                  paged_kv_compact_, paged_kv_gather, sample, tree_depth, verify, verify_tree)
+from .ops import (TreeVerifyResult, VerifyResult, filtered_probs, kv_append_, kv_compact_, kv_rollback_, mask_logits,
+                  paged_kv_append_, paged_kv_compact_, paged_kv_gather, sample, tree_depth, verify, verify_tree)
 
 __version__ = "0.1.0"
 
@@ -35,7 +36,8 @@ def has_cuda_kernels() -> bool:
 
 __all__ = ["Allocation", "BlockManager", "CacheFullError", "DeviceFlagError", "GenerationOutput", "KVCache",
            "ModelOutputError", "OutOfBlocksError", "PagedKVCache", "RowStats", "SpecDecError", "SpecDecMetrics",
-           "SpeculativeEngine", "TreeNodes", "TreeVerifyResult", "VerifyResult", "has_cuda_kernels", "kv_append_",
-           "kv_compact_", "kv_rollback_", "paged_kv_append_", "paged_kv_compact_", "paged_kv_gather", "sample",
+           "SpeculativeEngine", "TreeNodes", "TreeVerifyResult", "VerifyResult", "filtered_probs", "has_cuda_kernels",
+           "kv_append_", "kv_compact_", "kv_rollback_", "mask_logits", "paged_kv_append_", "paged_kv_compact_",
+           "paged_kv_gather", "sample",
            "spec_attention_mask", "spec_attention_mask_bool", "tree_attention_mask", "tree_attention_mask_bool",
            "tree_depth", "tree_positions", "verify", "verify_tree"]

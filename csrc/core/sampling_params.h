@@ -9,8 +9,10 @@
 
 namespace specdec {
 
-// Element types the sampling kernels read (logits, draft probabilities).
-enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+// Element types the sampling kernels read (logits, draft probabilities). kProbsF32:
+// float32 probabilities in place of logits (the probs_input mode, core/prob_input.h),
+// only ever a LOGITS dtype (dispatch_logits_dtype).
+enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kProbsF32 = 3 };
 
 // A per-row value that is either one host scalar (ptr == nullptr), one device
 // scalar (stride 0) or a [B] tensor (stride = its stride).
@@ -82,7 +84,8 @@ struct VerifyParams {
   SPECDEC_HD int64_t drafts_of(int64_t row) const { return drafts_of_row(num_drafts, num_drafts_stride, row, K); }
 };
 
-// specdec::sample.
+// specdec::sample, and specdec::filtered_probs / mask_logits (tokens == nullptr: no draw;
+// exactly one of probs_out / masked_out is set).
 struct SampleParams {
   const void* logits = nullptr;  // [B, V] float32|fp16|bf16
   int64_t logits_stride_b = 0;
@@ -93,6 +96,7 @@ struct SampleParams {
   int64_t* tokens = nullptr;       // [B] out
   float* probs_out = nullptr;      // [B, V] float32 out, or nullptr
   int64_t probs_stride_b = 0;
+  void* masked_out = nullptr;      // mask_logits: [B, V] out, the logits' dtype, contiguous
 };
 
 }  // namespace specdec

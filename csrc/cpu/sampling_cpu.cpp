@@ -1,4 +1,4 @@
-// CPU launchers of specdec::verify and specdec::sample: argument handling is
+// CPU launchers of specdec::verify, sample, filtered_probs and mask_logits: argument handling is
 // shared (sampling_args.cpp); here we pick the instruction set and run. Also the
 // debug ops verify_reference / sample_reference (the scalar references of
 // core/verify_math.h, one row at a time).
@@ -36,9 +36,9 @@ using OptTensor = std::optional<at::Tensor>;
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
     const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& top_k,
-    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled) {
+    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled, bool probs_input) {
   VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
-                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled);
+                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, probs_input);
   if (L.params.B > 0) {
     if (use_avx2()) cpu::verify_avx2(L.params, L.logits_dtype, L.probs_dtype);
     else cpu::verify_default(L.params, L.logits_dtype, L.probs_dtype);
@@ -48,13 +48,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
 
 at::Tensor sample_cpu(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& seed,
                       const at::Tensor& offset, const OptTensor& probs_out, const OptTensor& top_k,
-                      const OptTensor& top_p, const OptTensor& min_p) {
-  SampleLaunch L = prepare_sample(logits, temperature, seed, offset, probs_out, SamplingFilters{top_k, top_p, min_p});
+                      const OptTensor& top_p, const OptTensor& min_p, bool probs_input) {
+  SampleLaunch L = prepare_sample(logits, temperature, seed, offset, probs_out, SamplingFilters{top_k, top_p, min_p},
+                                  probs_input);
   if (L.params.B > 0) {
     if (use_avx2()) cpu::sample_avx2(L.params, L.logits_dtype);
     else cpu::sample_default(L.params, L.logits_dtype);
   }
   return L.tokens;
+}
+
+at::Tensor filtered_cpu(const at::Tensor& logits, const at::Tensor& temperature, const OptTensor& top_k,
+                        const OptTensor& top_p, const OptTensor& min_p, bool probs_input, FilteredOutput output) {
+  SampleLaunch L = prepare_filtered(logits, temperature, SamplingFilters{top_k, top_p, min_p}, probs_input, output);
+  if (L.params.B > 0) {
+    if (use_avx2()) cpu::filtered_avx2(L.params, L.logits_dtype);
+    else cpu::filtered_default(L.params, L.logits_dtype);
+  }
+  return L.out;
+}
+
+at::Tensor filtered_probs_cpu(const at::Tensor& logits, const at::Tensor& temperature, const OptTensor& top_k,
+                              const OptTensor& top_p, const OptTensor& min_p, bool probs_input) {
+  return filtered_cpu(logits, temperature, top_k, top_p, min_p, probs_input, FilteredOutput::kProbs);
+}
+
+at::Tensor mask_logits_cpu(const at::Tensor& logits, const at::Tensor& temperature, const OptTensor& top_k,
+                           const OptTensor& top_p, const OptTensor& min_p) {
+  return filtered_cpu(logits, temperature, top_k, top_p, min_p, false, FilteredOutput::kMask);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu(
@@ -105,10 +126,10 @@ void verify_reference_rows(const VerifyParams& P) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_reference_cpu(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
     const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& top_k,
-    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled) {
+    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled, bool probs_input) {
   VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
-                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled);
-  dispatch_dtypes<cpu::CpuTypes>(L.logits_dtype, L.probs_dtype, [&](auto tl, auto tq) {
+                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, probs_input);
+  dispatch_logits_probs<cpu::CpuTypes>(L.logits_dtype, L.probs_dtype, [&](auto tl, auto tq) {
     verify_reference_rows<typename decltype(tl)::type, typename decltype(tq)::type>(L.params);
   });
   return {L.tokens, L.num_accepted, L.valid};
@@ -117,13 +138,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_reference_cpu(
 std::tuple<at::Tensor, at::Tensor> sample_reference_cpu(const at::Tensor& logits, const at::Tensor& temperature,
                                                         const at::Tensor& seed, const at::Tensor& offset,
                                                         const OptTensor& top_k, const OptTensor& top_p,
-                                                        const OptTensor& min_p) {
+                                                        const OptTensor& min_p, bool probs_input) {
   SampleLaunch L = prepare_sample(logits, temperature, seed, offset, std::nullopt,
-                                  SamplingFilters{top_k, top_p, min_p});
+                                  SamplingFilters{top_k, top_p, min_p}, probs_input);
   const SampleParams& P = L.params;
   at::Tensor probs = at::empty({P.B, P.V}, logits.options().dtype(at::kFloat));
   float* out = probs.mutable_data_ptr<float>();
-  dispatch_dtype<cpu::CpuTypes>(L.logits_dtype, [&](auto tl) {
+  dispatch_logits_dtype<cpu::CpuTypes>(L.logits_dtype, [&](auto tl) {
     using TL = typename decltype(tl)::type;
     at::parallel_for(0, P.B, 1, [&](int64_t b0, int64_t b1) {
       std::vector<float> row(P.V);
@@ -142,6 +163,8 @@ std::tuple<at::Tensor, at::Tensor> sample_reference_cpu(const at::Tensor& logits
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("verify", &verify_cpu);
   m.impl("sample", &sample_cpu);
+  m.impl("filtered_probs", &filtered_probs_cpu);
+  m.impl("mask_logits", &mask_logits_cpu);
   m.impl("verify_tree", &verify_tree_cpu);
   m.impl("verify_reference", &verify_reference_cpu);
   m.impl("sample_reference", &sample_reference_cpu);

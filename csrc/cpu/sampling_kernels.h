@@ -651,15 +651,85 @@ void sample_rows(const SampleParams& P) {
   });
 }
 
+// filtered_probs / mask_logits: sample_rows up to the draw. probs_out gets exactly the
+// p sample writes there (race_row's tile_weights; one-hot for a greedy row, 0 for an
+// invalid one); masked_out the row's logits where they are >= the cutoff (the argmax
+// only for a greedy row), -inf elsewhere, all NaN for an invalid row.
+template <typename TL>
+void filtered_rows(const SampleParams& P) {
+  for_each_row(P.B, [&](int64_t b) {
+    const int64_t V = P.V;
+    const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
+    float* probs = P.probs_out ? P.probs_out + b * P.probs_stride_b : nullptr;
+    // mask_logits takes logits only (the args layer): its output has their dtype
+    using Out = std::conditional_t<std::is_same_v<TL, ProbAsLogit>, float, TL>;
+    Out* masked = P.masked_out ? static_cast<Out*>(P.masked_out) + b * V : nullptr;
+    auto logit_at = [&](int64_t v) -> Out {
+      if constexpr (std::is_same_v<TL, ProbAsLogit>) return static_cast<float>(row[v]);
+      else return row[v];
+    };
+    const float temperature = P.temperature.get(b);
+    const FilterSpec filter = P.filters.get(b);
+    float m, topk_cut;
+    int64_t arg;
+    const bool greedy = temperature == 0.0f;
+    const bool fuse = !greedy && valid_filter(filter) && topk_cuts(filter, V);
+    position_max(row, V, greedy, fuse, filter, m, arg, topk_cut);
+    const Out kNegInf(-std::numeric_limits<float>::infinity());
+    if (!valid_temperature(temperature) || !valid_filter(filter) || !usable_max(m)) {
+      if (probs) std::fill(probs, probs + V, 0.0f);
+      if (masked) std::fill(masked, masked + V, Out(std::numeric_limits<float>::quiet_NaN()));
+      return;
+    }
+    if (greedy) {
+      if (probs) {
+        std::fill(probs, probs + V, 0.0f);
+        probs[arg] = 1.0f;
+      }
+      if (masked) {
+        std::fill(masked, masked + V, kNegInf);
+        masked[arg] = logit_at(arg);
+      }
+      return;
+    }
+    const float inv_t = 1.0f / temperature;
+    float cut;
+    const SoftmaxStats st = filtered_stats(row, V, m, inv_t, filter, cut, fuse ? &topk_cut : nullptr);
+    if (masked) {
+      alignas(64) float buf[kTile];
+      for (int64_t v0 = 0; v0 < V; v0 += kTile) {
+        const int64_t n = std::min(kTile, V - v0);
+        const float* x = tile_as_float(row, v0, n, buf);
+        for (int64_t k = 0; k < n; ++k) masked[v0 + k] = x[k] >= cut ? logit_at(v0 + k) : kNegInf;
+      }
+    }
+    if (probs) {
+      alignas(64) float w[kRaceTile];
+      for (int64_t v0 = 0; v0 < V; v0 += kRaceTile) {
+        const int64_t n = std::min(kRaceTile, V - v0);
+        if (cut > kNoCut && !any_at_least(tile_as_float(row, v0, n, w), n, cut)) {
+          std::fill(probs + v0, probs + v0 + n, 0.0f);
+          continue;
+        }
+        tile_weights<TL, float>(row, nullptr, QMode::kNone, -1, v0, n, inv_t, st, cut, w, probs + v0);
+      }
+    }
+  });
+}
+
 // Entry points with the dtypes resolved here (one copy per instruction set).
 inline void verify(const VerifyParams& P, DType logits_dtype, DType probs_dtype) {
-  dispatch_dtypes<CpuTypes>(logits_dtype, probs_dtype, [&](auto tl, auto tq) {
+  dispatch_logits_probs<CpuTypes>(logits_dtype, probs_dtype, [&](auto tl, auto tq) {
     verify_rows<typename decltype(tl)::type, typename decltype(tq)::type>(P);
   });
 }
 
 inline void sample(const SampleParams& P, DType logits_dtype) {
-  dispatch_dtype<CpuTypes>(logits_dtype, [&](auto tl) { sample_rows<typename decltype(tl)::type>(P); });
+  dispatch_logits_dtype<CpuTypes>(logits_dtype, [&](auto tl) { sample_rows<typename decltype(tl)::type>(P); });
+}
+
+inline void filtered(const SampleParams& P, DType logits_dtype) {
+  dispatch_logits_dtype<CpuTypes>(logits_dtype, [&](auto tl) { filtered_rows<typename decltype(tl)::type>(P); });
 }
 
 }  // namespace CPU_CAPABILITY

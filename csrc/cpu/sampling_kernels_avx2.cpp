@@ -51,6 +51,7 @@
 namespace specdec::cpu {
 void verify_avx2(const VerifyParams& P, DType tl, DType tq) { CPU_CAPABILITY::verify(P, tl, tq); }
 void sample_avx2(const SampleParams& P, DType tl) { CPU_CAPABILITY::sample(P, tl); }
+void filtered_avx2(const SampleParams& P, DType tl) { CPU_CAPABILITY::filtered(P, tl); }
 void verify_tree_avx2(const TreeVerifyParams& P, DType tl, DType tq) { CPU_CAPABILITY::verify_tree(P, tl, tq); }
 bool avx2_compiled() {
 #if defined(CPU_CAPABILITY_AVX2)

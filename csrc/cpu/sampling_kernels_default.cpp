@@ -8,5 +8,6 @@
 namespace specdec::cpu {
 void verify_default(const VerifyParams& P, DType tl, DType tq) { DEFAULT::verify(P, tl, tq); }
 void sample_default(const SampleParams& P, DType tl) { DEFAULT::sample(P, tl); }
+void filtered_default(const SampleParams& P, DType tl) { DEFAULT::filtered(P, tl); }
 void verify_tree_default(const TreeVerifyParams& P, DType tl, DType tq) { DEFAULT::verify_tree(P, tl, tq); }
 }  // namespace specdec::cpu

@@ -16,8 +16,10 @@ struct CpuTypes {
 
 void verify_default(const VerifyParams& P, DType logits_dtype, DType probs_dtype);
 void sample_default(const SampleParams& P, DType logits_dtype);
+void filtered_default(const SampleParams& P, DType logits_dtype);  // filtered_probs / mask_logits
 void verify_avx2(const VerifyParams& P, DType logits_dtype, DType probs_dtype);
 void sample_avx2(const SampleParams& P, DType logits_dtype);
+void filtered_avx2(const SampleParams& P, DType logits_dtype);
 void verify_tree_default(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
 void verify_tree_avx2(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
 bool avx2_compiled();  // false on non-x86 builds, where *_avx2 is the default code

@@ -1,4 +1,4 @@
-// CUDA launchers of specdec::verify, specdec::sample and specdec::verify_tree: the torch side only.
+// CUDA launchers of specdec::verify, sample, filtered_probs, mask_logits and verify_tree: the torch side only.
 // Shared argument handling (sampling_args.cpp), the stream, and one workspace
 // tensor from torch's caching allocator (kept alive until the launches are queued:
 // the allocator orders its reuse on the stream); the launches themselves are
@@ -36,10 +36,10 @@ cudaStream_t current_stream(const at::Tensor& t) { return c10::cuda::getCurrentC
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
     const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& top_k,
-    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled) {
+    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled, bool probs_input) {
   const c10::cuda::CUDAGuard guard(target_logits.device());
   VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
-                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled);
+                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, probs_input);
   if (L.params.B > 0) {
     at::Tensor ws;
     launch_verify(L.params, L.logits_dtype, L.probs_dtype, target_logits.get_device(), current_stream(target_logits),
@@ -50,15 +50,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
 
 at::Tensor sample_cuda(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& seed,
                        const at::Tensor& offset, const OptTensor& probs_out, const OptTensor& top_k,
-                       const OptTensor& top_p, const OptTensor& min_p) {
+                       const OptTensor& top_p, const OptTensor& min_p, bool probs_input) {
   const c10::cuda::CUDAGuard guard(logits.device());
-  SampleLaunch L = prepare_sample(logits, temperature, seed, offset, probs_out, SamplingFilters{top_k, top_p, min_p});
+  SampleLaunch L = prepare_sample(logits, temperature, seed, offset, probs_out, SamplingFilters{top_k, top_p, min_p},
+                                  probs_input);
   if (L.params.B > 0) {
     at::Tensor ws;
     launch_sample(L.params, L.logits_dtype, logits.get_device(), current_stream(logits),
                   one_tensor_workspace(logits, ws));
   }
   return L.tokens;
+}
+
+at::Tensor filtered_cuda(const at::Tensor& logits, const at::Tensor& temperature, const OptTensor& top_k,
+                         const OptTensor& top_p, const OptTensor& min_p, bool probs_input, FilteredOutput output) {
+  const c10::cuda::CUDAGuard guard(logits.device());
+  SampleLaunch L = prepare_filtered(logits, temperature, SamplingFilters{top_k, top_p, min_p}, probs_input, output);
+  if (L.params.B > 0) {
+    at::Tensor ws;
+    launch_filtered(L.params, L.logits_dtype, logits.get_device(), current_stream(logits),
+                    one_tensor_workspace(logits, ws));
+  }
+  return L.out;
+}
+
+at::Tensor filtered_probs_cuda(const at::Tensor& logits, const at::Tensor& temperature, const OptTensor& top_k,
+                               const OptTensor& top_p, const OptTensor& min_p, bool probs_input) {
+  return filtered_cuda(logits, temperature, top_k, top_p, min_p, probs_input, FilteredOutput::kProbs);
+}
+
+at::Tensor mask_logits_cuda(const at::Tensor& logits, const at::Tensor& temperature, const OptTensor& top_k,
+                            const OptTensor& top_p, const OptTensor& min_p) {
+  return filtered_cuda(logits, temperature, top_k, top_p, min_p, false, FilteredOutput::kMask);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(
@@ -81,6 +104,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(
 TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("verify", &verify_cuda);
   m.impl("sample", &sample_cuda);
+  m.impl("filtered_probs", &filtered_probs_cuda);
+  m.impl("mask_logits", &mask_logits_cuda);
   m.impl("verify_tree", &verify_tree_cuda);
 }
 

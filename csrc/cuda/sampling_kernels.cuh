@@ -86,6 +86,7 @@ namespace cg = cooperative_groups;
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(ProbAsLogit x) { return static_cast<float>(x); }  // log p
 
 constexpr float kInf = __builtin_huge_valf();
 static_assert(kStatBlock % kRaceTile == 0, "stat blocks hold whole race tiles");
@@ -111,6 +112,10 @@ template <>
 __device__ __forceinline__ float vec_elem<__nv_bfloat16>(const uint4& u, int k) {
   const uint32_t w = u4_word(u, k >> 1);
   return __uint_as_float((k & 1) ? (w & 0xffff0000u) : (w << 16));  // bf16 -> fp32 is exact
+}
+template <>
+__device__ __forceinline__ float vec_elem<ProbAsLogit>(const uint4& u, int k) {
+  return to_float(ProbAsLogit{__uint_as_float(u4_word(u, k))});
 }
 
 // 4 consecutive elements of T [v0, v0 + 4) as float, v0 a multiple of 4; `fill`
@@ -867,6 +872,97 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) sample_kernel(
   if (all || stage == 1) sample_decide_stage<TL>(R, P.V, W, row_stats, race_scratch);
   if (all) cg::this_grid().sync();
   if (all || stage == 2) sample_output_stage<TL>(R, P.V, W);
+}
+
+// ----------------------------------------------------------------------------
+// filtered_probs / mask_logits: sample's stats stage, then the outputs, no draw
+// ----------------------------------------------------------------------------
+// Stage 1, item (r, c): the merged stats of row r exactly as sample_decide_stage
+// merges them, then chunk c of the output. probs: p = shifted_exp(filtered x) * (1 / s)
+// with sample's operands (token_weights), so the bits are those sample writes to
+// probs_out; one-hot at the argmax for a greedy row, 0 for an invalid one. mask: the
+// logit's bits where x >= the cutoff (the argmax only, greedy), -inf elsewhere, NaN for
+// an invalid row. Stage 2 does nothing (no race).
+
+// -inf and NaN of a logits dtype, as raw bits (mask_logits copies kept logits bit for bit).
+template <typename T>
+struct MaskBits;
+template <>
+struct MaskBits<float> {
+  using U = uint32_t;
+  static constexpr U kNegInf = 0xff800000u, kNaN = 0x7fc00000u;
+};
+template <>
+struct MaskBits<__half> {
+  using U = uint16_t;
+  static constexpr U kNegInf = 0xfc00u, kNaN = 0x7e00u;
+};
+template <>
+struct MaskBits<__nv_bfloat16> {
+  using U = uint16_t;
+  static constexpr U kNegInf = 0xff80u, kNaN = 0x7fc0u;
+};
+
+template <typename TL, bool kMask>
+__device__ void filtered_write_stage(const SampleParams& P, const Workspace& W, ChunkStats& row_stats) {
+  const SampleRows<TL> R{P};
+  const int64_t C = W.chunks, NB = W.stat_blocks, V = P.V;
+  for (int64_t item = blockIdx.x; item < P.B * C; item += gridDim.x) {
+    const int64_t r = item / C, c = item % C;
+    const float t = R.temperature(r);
+    const bool greedy = t == 0.0f;
+    if ((threadIdx.x >> 5) == 0) {
+      const ChunkStats st = merge_row_stats(W.stats + r * NB, NB, stats_inv_t(t), R.row(r), V, cutoff_of(W, r));
+      if (threadIdx.x == 0) row_stats = st;
+    }
+    __syncthreads();
+    const ChunkStats st = row_stats;
+    const bool valid = valid_temperature(t) && R.usable(r) && !st.bad() && usable_max(st.max);
+    const bool sampled = valid && !greedy;
+    const float cut = sampled ? cutoff_of(W, r) : -kInf;
+    const int64_t begin = c * W.chunk_len, end = imin(V, begin + W.chunk_len);
+    const TL* row = R.row(r);
+    if constexpr (kMask) {
+      using U = typename MaskBits<TL>::U;
+      const U* in = reinterpret_cast<const U*>(row);
+      U* out = static_cast<U*>(P.masked_out) + r * V;
+      for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x) {
+        const bool kept = sampled ? to_float(row[v]) >= cut : valid && v == st.arg;
+        out[v] = !valid ? MaskBits<TL>::kNaN : kept ? in[v] : MaskBits<TL>::kNegInf;
+      }
+    } else {
+      float* out = P.probs_out + r * P.probs_stride_b;
+      const float inv_t = sampled ? 1.0f / t : 1.0f, inv_s = 1.0f / st.sum;
+      const bool vec_l = W.vec_logits != 0, vec_p = W.vec_probs != 0;
+      for (int64_t v0 = begin + 4 * threadIdx.x; v0 < end; v0 += 4 * blockDim.x) {
+        float x[4], p[4];
+        load4(row, v0, V, vec_l, -kInf, x);
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          p[k] = sampled ? shifted_exp(filtered_logit(x[k], cut), st.max, inv_t) * inv_s
+                         : (valid && v0 + k == st.arg ? 1.0f : 0.0f);
+        if (vec_p && v0 + 3 < V) {
+          *reinterpret_cast<float4*>(out + v0) = make_float4(p[0], p[1], p[2], p[3]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            if (v0 + k < V) out[v0 + k] = p[k];
+        }
+      }
+    }
+    __syncthreads();  // row_stats is reused by the next item
+  }
+}
+
+template <typename TL, bool kMask>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) filtered_kernel(SampleParams P, Workspace W,
+                                                                                  int stage) {
+  SPECDEC_SHARED(ChunkStats, row_stats);
+  const bool all = stage == kAllStages;
+  if (all || stage == 0)
+    stats_stage<TL>(P.logits, P.logits_stride_b, 0, 1, P.temperature, nullptr, 0, P.B, P.V, W);
+  if (all) cg::this_grid().sync();
+  if (all || stage == 1) filtered_write_stage<TL, kMask>(P, W, row_stats);
 }
 
 // ----------------------------------------------------------------------------

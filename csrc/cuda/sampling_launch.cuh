@@ -20,6 +20,7 @@
 #pragma once
 #include <cstdlib>
 #include <functional>
+#include <type_traits>
 
 #include "../core/dtype_dispatch.h"
 #include "launch.h"
@@ -83,7 +84,7 @@ inline void launch_verify(const VerifyParams& P, DType logits_dtype, DType probs
   const FilterParams F{P.logits, P.logits_stride_b, P.logits_stride_k, P.B, P.K + 1, P.V, P.temperature,
                        P.filters, P.num_drafts, P.num_drafts_stride, 0, nullptr};
   if (P.coupled) {  // draft_probs is not read: dispatch on the logits only
-    dispatch_dtype<CudaTypes>(logits_dtype, [&](auto tl) {
+    dispatch_logits_dtype<CudaTypes>(logits_dtype, [&](auto tl) {
       using TL = typename decltype(tl)::type;
       Workspace W{};
       W.vec_logits = vector_ok(P.logits, sizeof(TL), P.V, P.logits_stride_b, P.B, P.logits_stride_k, P.K + 1);
@@ -92,7 +93,7 @@ inline void launch_verify(const VerifyParams& P, DType logits_dtype, DType probs
     });
     return;
   }
-  dispatch_dtypes<CudaTypes>(logits_dtype, probs_dtype, [&](auto tl, auto tq) {
+  dispatch_logits_probs<CudaTypes>(logits_dtype, probs_dtype, [&](auto tl, auto tq) {
     using TL = typename decltype(tl)::type;
     using TQ = typename decltype(tq)::type;
     Workspace W{};
@@ -109,7 +110,7 @@ inline void launch_sample(const SampleParams& P, DType logits_dtype, int device,
                           const WorkspaceAllocator& alloc) {
   const FilterParams F{P.logits, P.logits_stride_b, 0, P.B, 1, P.V, P.temperature, P.filters, nullptr, 0, 0,
                        nullptr};
-  dispatch_dtype<CudaTypes>(logits_dtype, [&](auto tl) {
+  dispatch_logits_dtype<CudaTypes>(logits_dtype, [&](auto tl) {
     using TL = typename decltype(tl)::type;
     Workspace W{};
     W.vec_logits = vector_ok(P.logits, sizeof(TL), P.V, P.logits_stride_b, P.B, 0, 1);
@@ -118,6 +119,25 @@ inline void launch_sample(const SampleParams& P, DType logits_dtype, int device,
     launch_staged<TL>(sample_kernel<TL>, P.B, P.B, P.V, P, W, &F, ExtraPasses{P.filters.any, false}, device, stream,
                       alloc);
   });
+}
+
+// specdec::filtered_probs (P.probs_out) / mask_logits (P.masked_out) on prepared
+// parameters (sampling_args.h: prepare_filtered), P.B > 0: sample's launches with
+// filtered_kernel (its stage 2 is empty: no race).
+inline void launch_filtered(const SampleParams& P, DType logits_dtype, int device, cudaStream_t stream,
+                            const WorkspaceAllocator& alloc) {
+  const FilterParams F{P.logits, P.logits_stride_b, 0, P.B, 1, P.V, P.temperature, P.filters, nullptr, 0, 0,
+                       nullptr};
+  auto run = [&](auto tl, auto mask) {
+    using TL = typename decltype(tl)::type;
+    Workspace W{};
+    W.vec_logits = vector_ok(P.logits, sizeof(TL), P.V, P.logits_stride_b, P.B, 0, 1);
+    W.vec_probs = P.probs_out && vector_ok(P.probs_out, sizeof(float), 4, P.probs_stride_b, P.B, 0, 1);
+    launch_staged<TL>(filtered_kernel<TL, decltype(mask)::value>, P.B, P.B, P.V, P, W, &F,
+                      ExtraPasses{P.filters.any, false}, device, stream, alloc);
+  };
+  if (P.masked_out) dispatch_dtype<CudaTypes>(logits_dtype, [&](auto tl) { run(tl, std::true_type{}); });
+  else dispatch_logits_dtype<CudaTypes>(logits_dtype, [&](auto tl) { run(tl, std::false_type{}); });
 }
 
 }  // namespace specdec::cuda

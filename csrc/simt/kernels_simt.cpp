@@ -53,6 +53,11 @@ void sample(const SampleParams& P, DType logits_dtype) {
   cuda::launch_sample(P, logits_dtype, 0, nullptr, ws.allocator());
 }
 
+void filtered(const SampleParams& P, DType logits_dtype) {
+  SeparateBuffers ws;
+  cuda::launch_filtered(P, logits_dtype, 0, nullptr, ws.allocator());
+}
+
 void verify_tree(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype) {
   SeparateBuffers ws;
   cuda::launch_verify_tree(P, logits_dtype, probs_dtype, 0, nullptr, ws.allocator());

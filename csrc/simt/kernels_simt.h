@@ -15,6 +15,7 @@ namespace specdec::simt_ops {
 // are separate heap allocations (an overrun from one into the next is an overrun).
 void verify(const VerifyParams& P, DType logits_dtype, DType probs_dtype);
 void sample(const SampleParams& P, DType logits_dtype);
+void filtered(const SampleParams& P, DType logits_dtype);  // launch_filtered: filtered_probs / mask_logits
 // tree_launch.cuh: launch_verify_tree (P.B > 0)
 void verify_tree(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
 

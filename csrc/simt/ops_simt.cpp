@@ -24,9 +24,9 @@ constexpr int64_t kUnwritten = 0x5A5A5A5A5A5A5A5ALL;
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_simt(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
     const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& top_k,
-    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled) {
+    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled, bool probs_input) {
   VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
-                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled,
+                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, probs_input,
                                   HostChecks::kScalarsOnly);
   if (L.params.B > 0) {
     L.tokens.fill_(kUnwritten);
@@ -38,14 +38,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_simt(
 
 at::Tensor sample_simt(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& seed,
                        const at::Tensor& offset, const OptTensor& probs_out, const OptTensor& top_k,
-                       const OptTensor& top_p, const OptTensor& min_p) {
+                       const OptTensor& top_p, const OptTensor& min_p, bool probs_input) {
   SampleLaunch L = prepare_sample(logits, temperature, seed, offset, probs_out, SamplingFilters{top_k, top_p, min_p},
-                                  HostChecks::kScalarsOnly);
+                                  probs_input, HostChecks::kScalarsOnly);
   if (L.params.B > 0) {
     L.tokens.fill_(kUnwritten);
     sample(L.params, L.logits_dtype);
   }
   return L.tokens;
+}
+
+at::Tensor filtered_simt(const at::Tensor& logits, const at::Tensor& temperature, const OptTensor& top_k,
+                         const OptTensor& top_p, const OptTensor& min_p, bool probs_input, FilteredOutput output) {
+  SampleLaunch L = prepare_filtered(logits, temperature, SamplingFilters{top_k, top_p, min_p}, probs_input, output,
+                                    HostChecks::kScalarsOnly);
+  if (L.params.B > 0) {
+    L.out.view(at::kByte).fill_(0x5A);  // an element the kernels forget shows (never a probability; rarely a logit)
+    filtered(L.params, L.logits_dtype);
+  }
+  return L.out;
+}
+
+at::Tensor filtered_probs_simt(const at::Tensor& logits, const at::Tensor& temperature, const OptTensor& top_k,
+                               const OptTensor& top_p, const OptTensor& min_p, bool probs_input) {
+  return filtered_simt(logits, temperature, top_k, top_p, min_p, probs_input, FilteredOutput::kProbs);
+}
+
+at::Tensor mask_logits_simt(const at::Tensor& logits, const at::Tensor& temperature, const OptTensor& top_k,
+                            const OptTensor& top_p, const OptTensor& min_p) {
+  return filtered_simt(logits, temperature, top_k, top_p, min_p, false, FilteredOutput::kMask);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree_simt(
@@ -117,6 +138,8 @@ TORCH_LIBRARY_IMPL(specdec_simt, CPU, m) {
   using namespace specdec::simt_ops;
   m.impl("verify", &verify_simt);
   m.impl("sample", &sample_simt);
+  m.impl("filtered_probs", &filtered_probs_simt);
+  m.impl("mask_logits", &mask_logits_simt);
   m.impl("verify_tree", &verify_tree_simt);
   m.impl("kv_append_", &kv_append_simt);
   m.impl("kv_rollback_", &kv_rollback_simt);

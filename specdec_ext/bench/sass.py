@@ -4,8 +4,8 @@ Reads the built library (specdec_ext/_C*.so) with cuobjdump (found next to torch
 Triton, triton/backends/nvidia/bin, else on PATH, else under CUDA_HOME/bin) and prints,
 for every verify / sample / KV kernel instantiation:
 
-* (kinds: verify, sample, filter = the filter cutoff pass, coupled = coupled verify's
-  race and decision kernels, kv)
+* (kinds: verify, sample, filter = the filter cutoff pass, filtered = filtered_probs /
+  mask_logits, coupled = coupled verify's race and decision kernels, kv)
 * registers per thread, stack frame (bytes), spill stores / loads (STL / LDL in SASS),
   shared memory per block;
 * theoretical blocks per SM at the kernel's block size (all our kernels launch 256
@@ -180,6 +180,8 @@ def kind_of(name):
         return "sample"
     if "filter_cutoff_kernel" in name:
         return "filter"  # the top-k / top-p / min-p cutoff pass (launched only with filters)
+    if "filtered_kernel" in name:
+        return "filtered"  # filtered_probs / mask_logits: sample's stats, then the outputs
     if "coupled_race_kernel" in name or "coupled_decide_kernel" in name:
         return "coupled"  # coupled verify: the per-position sample race and the decision
     if re.search(r"kv_|paged_", name):

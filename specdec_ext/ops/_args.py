@@ -8,7 +8,7 @@ import torch
 
 from .._validate import FILTER_DTYPES, check_filter, check_int, check_temperature
 
-__all__ = ["filter_args", "float_arg", "int64_arg", "mode_arg", "seed_arg", "temperature_arg"]
+__all__ = ["bool_arg", "filter_args", "float_arg", "int64_arg", "mode_arg", "seed_arg", "temperature_arg"]
 
 _SEED_HIGH = 2**62
 
@@ -68,6 +68,14 @@ def filter_args(top_k, top_p, min_p):
             value = 0
         out.append(None if value == _FILTER_OFF[name] else torch.tensor(value, dtype=FILTER_DTYPES[name]))
     return out
+
+
+def bool_arg(value, name: str) -> bool:
+    """A flag argument (``probs_input``): a Python bool (or numpy bool), else ``TypeError``
+    naming it (a tensor or a string would otherwise be truthy without meaning so)."""
+    if not isinstance(value, bool) and type(value).__name__ != "bool_":
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
 
 
 def mode_arg(mode, name: str = "mode") -> bool:

@@ -7,8 +7,8 @@ from typing import NamedTuple, Optional
 import torch
 
 from ._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype
-from ._args import (FloatOrTensor, IntOrTensor, Temperature, filter_args, float_arg, int64_arg, mode_arg, seed_arg,
-                    temperature_arg)
+from ._args import (FloatOrTensor, IntOrTensor, Temperature, bool_arg, filter_args, float_arg, int64_arg, mode_arg,
+                    seed_arg, temperature_arg)
 
 __all__ = ["VerifyResult", "sample", "verify"]
 
@@ -50,6 +50,7 @@ def verify(
     seed: Optional[IntOrTensor] = None,
     offset: IntOrTensor = 0,
     mode: str = "exact",
+    probs_input: bool = False,
 ) -> VerifyResult:
     """Verify K drafted tokens per row against the target model, in one fused op.
 
@@ -109,6 +110,12 @@ def verify(
         samples with ``offset = position`` (shared noise), it often draws the same token.
         The output is target-only sampling with the same seed, token for token, for any
         K, draft or batch makeup (with per-row seeds); ``draft_probs`` is not read.
+    probs_input : bool
+        True: ``target_logits`` holds PROBABILITIES (float32, >= 0, any positive scale per
+        row), e.g. FlashInfer-style ``target_probs``. The kernel reads log p wherever it
+        reads a logit, in the same pass (no separate log pass, no converted copy): p = 0 is
+        -inf (no mass), a negative / NaN / +inf p makes the row invalid. At temperature 1
+        the law is p / sum(p); a temperature T gives p^(1/T) renormalised.
 
     Returns
     -------
@@ -119,7 +126,8 @@ def verify(
         raise TypeError(f"num_drafts must be None or an int tensor [B], got {type(num_drafts).__name__}")
     tokens, num_accepted, valid = _OPS.verify(
         float_arg(target_logits), draft_token_ids, float_arg(draft_probs), temperature_arg(temperature),
-        seed_arg(seed), int64_arg(offset, "offset"), *filter_args(top_k, top_p, min_p), num_drafts, coupled)
+        seed_arg(seed), int64_arg(offset, "offset"), *filter_args(top_k, top_p, min_p), num_drafts, coupled,
+        bool_arg(probs_input, "probs_input"))
     return VerifyResult(tokens, num_accepted, valid)
 
 
@@ -133,6 +141,7 @@ def sample(
     seed: Optional[IntOrTensor] = None,
     offset: IntOrTensor = 0,
     probs_out: Optional[torch.Tensor] = None,
+    probs_input: bool = False,
 ) -> torch.Tensor:
     """Draw one token per row from softmax(logits / temperature), after the optional
     top-k / top-p / min-p filters, in one fused op.
@@ -149,6 +158,8 @@ def sample(
         Written in place with the normalised (filtered) probabilities the token was drawn from
         (one-hot at the argmax for a greedy row); may be a strided slice such as
         ``draft_probs[:, i]`` so K draft steps feed :func:`verify` with no host sync.
+    probs_input : bool
+        True: ``logits`` holds probabilities (float32), read as log p: see :func:`verify`.
 
     Returns
     -------
@@ -158,7 +169,7 @@ def sample(
     """
     return _OPS.sample(
         float_arg(logits), temperature_arg(temperature), seed_arg(seed), int64_arg(offset, "offset"), probs_out,
-        *filter_args(top_k, top_p, min_p))
+        *filter_args(top_k, top_p, min_p), bool_arg(probs_input, "probs_input"))
 
 
 # ---- fake (meta) kernels: output shapes / dtypes for torch.compile tracing ----
@@ -183,7 +194,7 @@ def _check_filters_fake(top_k, top_p, min_p):
 
 @torch.library.register_fake("specdec::verify")
 def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, top_k=None, top_p=None,
-                 min_p=None, num_drafts=None, coupled=False):
+                 min_p=None, num_drafts=None, coupled=False, probs_input=False):
     check_devices(target_logits, "target_logits",
                   dict(draft_token_ids=draft_token_ids, draft_probs=draft_probs, temperature=temperature, seed=seed,
                        offset=offset, top_k=top_k, top_p=top_p, min_p=min_p, num_drafts=num_drafts),
@@ -194,7 +205,7 @@ def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed,
     check_dim(target_logits, "target_logits", 3, "[B, K+1, V]")
     check_dim(draft_token_ids, "draft_token_ids", 2, "[B, K]")
     check_dim(draft_probs, "draft_probs", 3, "[B, K, V]")
-    check_dtype(target_logits, "target_logits", FLOATS)
+    check_dtype(target_logits, "target_logits", (torch.float32,) if probs_input else FLOATS)
     check_dtype(draft_token_ids, "draft_token_ids", INDEX)
     check_dtype(draft_probs, "draft_probs", FLOATS)
     _check_row_values_fake(temperature, seed, offset)
@@ -206,13 +217,13 @@ def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed,
 
 
 @torch.library.register_fake("specdec::sample")
-def _sample_fake(logits, temperature, seed, offset, probs_out, top_k=None, top_p=None, min_p=None):
+def _sample_fake(logits, temperature, seed, offset, probs_out, top_k=None, top_p=None, min_p=None, probs_input=False):
     check_devices(logits, "logits", dict(temperature=temperature, seed=seed, offset=offset, probs_out=probs_out,
                                          top_k=top_k, top_p=top_p, min_p=min_p), host_ok=_HOST_OK)
     _check_filters_fake(top_k, top_p, min_p)
     check_dim(logits, "logits", 2, "[B, V]")
     check_dim(probs_out, "probs_out", 2, "[B, V]")
-    check_dtype(logits, "logits", FLOATS)
+    check_dtype(logits, "logits", (torch.float32,) if probs_input else FLOATS)
     check_dtype(probs_out, "probs_out", (torch.float32,))
     _check_row_values_fake(temperature, seed, offset)
     return logits.new_empty((logits.shape[0],), dtype=torch.int64)
