@@ -85,7 +85,7 @@ import torch
 
 import specdec_ext
 
-from ..ops._args import seed_arg
+from ..ops._args import bool_arg, seed_arg
 
 __all__ = ["chain_speculative_sampling", "min_p_sampling_from_probs", "sampling_from_logits", "sampling_from_probs",
            "top_k_mask_logits", "top_k_renorm_prob", "top_k_renorm_probs", "top_k_sampling_from_probs",
@@ -108,8 +108,7 @@ _ACCEPT_SALT = 0x2545F4914F6CDD1D
 
 def _check_bool(**flags) -> None:
     for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+        bool_arg(value, name)
 
 
 def _check_data(t, name: str, dims: int, layout: str, dtypes=None) -> None:

@@ -61,6 +61,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import torch
 
 from .._validate import check_int
+from ..ops._args import bool_arg
 from ..ops._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype
 from ..ops.sampling import verify
 
@@ -400,10 +401,7 @@ class RejectionSampler(torch.nn.Module):
         """Host-only checks of the sampling metadata; returns (temperature, top_k, top_p, min_p)."""
         flags = {}
         for name in ("all_greedy", "all_random"):
-            v = _field(sm, f"sampling_metadata.{name}")
-            if not isinstance(v, bool):
-                raise TypeError(f"sampling_metadata.{name} must be a bool, got {type(v).__name__}")
-            flags[name] = v
+            flags[name] = bool_arg(_field(sm, f"sampling_metadata.{name}"), f"sampling_metadata.{name}")
         if flags["all_greedy"] and flags["all_random"]:
             raise ValueError("sampling_metadata.all_greedy and sampling_metadata.all_random are both True")
         logprobs = _field(sm, "sampling_metadata.max_num_logprobs")
