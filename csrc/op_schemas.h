@@ -83,6 +83,23 @@ inline constexpr const char* kMaskLogitsSchema =
     "mask_logits(Tensor logits, Tensor temperature, Tensor? top_k=None, Tensor? top_p=None, "
     "Tensor? min_p=None) -> Tensor";
 
+// Log-probabilities of the emitted tokens and the top-n per position (core/logprob_math.h),
+// for verify / sample's `logprobs=` (the wrappers pass the ops' own tokens).
+//   logits       [B, P, V] float32|float16|bfloat16 (float32 probabilities with probs_input)
+//   tokens       [B, P] int64|int32: the emitted token per position; < 0 = none: that position
+//                is not read and its outputs are NaN / -1
+//   temperature, top_k, top_p, min_p: as in verify; read for the processed law only
+//   num_top      n in [0, 128]
+//   processed    false: log softmax(logits) at T = 1, no filter ("raw"); true: log of the
+//                temperature-scaled, filtered law (greedy: one-hot at the first argmax)
+// returns token_logprobs [B, P] float32, token_ranks [B, P] int64 (1-based: the tokens whose
+// logit is >= the token's; -1 where no token), top_ids [B, P, n] int64 (the n largest logits,
+// ties by lower id; -1 past V), top_logprobs [B, P, n] float32 (-inf outside the kept set)
+inline constexpr const char* kLogprobsSchema =
+    "logprobs(Tensor logits, Tensor tokens, Tensor temperature, Tensor? top_k=None, Tensor? top_p=None, "
+    "Tensor? min_p=None, int num_top=0, bool processed=False, bool probs_input=False) "
+    "-> (Tensor, Tensor, Tensor, Tensor)";
+
 // Fused verification of a TREE of drafts (core/tree_params.h: the walk, its random numbers).
 // Shapes: N tree nodes (node 0 = the root, the last committed token), D = depth.
 //   target_logits   [B, N, V] float32|float16|bfloat16: the target's prediction after node n
@@ -219,12 +236,13 @@ inline constexpr const char* kPagedKvCompactSchema =
 
 // Every op, in registration order; kCudaOps: the ops that have a CUDA kernel.
 inline constexpr const char* kAll[] = {kVerifySchema,          kSampleSchema,         kFilteredProbsSchema,
-                                       kMaskLogitsSchema,      kVerifyTreeSchema,
+                                       kMaskLogitsSchema,      kLogprobsSchema,       kVerifyTreeSchema,
                                        kVerifyReferenceSchema, kSampleReferenceSchema, kKvAppendSchema,
                                        kKvRollbackSchema,      kPagedKvAppendSchema,  kPagedKvGatherSchema,
                                        kPagedKvGatherIntoSchema, kKvCompactSchema,    kPagedKvCompactSchema};
 inline constexpr const char* kCudaOps[] = {kVerifySchema,        kSampleSchema,        kFilteredProbsSchema,
-                                           kMaskLogitsSchema,    kVerifyTreeSchema,    kKvAppendSchema,
+                                           kMaskLogitsSchema,    kLogprobsSchema,      kVerifyTreeSchema,
+                                           kKvAppendSchema,
                                            kKvRollbackSchema,    kPagedKvAppendSchema, kPagedKvGatherSchema,
                                            kPagedKvGatherIntoSchema, kKvCompactSchema, kPagedKvCompactSchema};
 

@@ -360,4 +360,45 @@ SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperat
   return L;
 }
 
+LogprobLaunch prepare_logprobs(const at::Tensor& logits, const at::Tensor& tokens, const at::Tensor& temperature,
+                               const SamplingFilters& filters, int64_t num_top, bool processed, bool probs_input,
+                               HostChecks checks) {
+  LogprobLaunch L;
+  LogprobParams& P = L.params;
+  TORCH_CHECK_VALUE(logits.dim() == 3, "logits must be [B, P, V], got shape ", logits.sizes());
+  L.logits_dtype = logits_dtype_arg(logits, "logits", probs_input);
+  const int64_t B = logits.size(0), positions = logits.size(1), V = logits.size(2);
+  TORCH_CHECK_VALUE(V >= 1, "logits must have a vocabulary size V >= 1, got shape ", logits.sizes());
+  TORCH_CHECK_TYPE(args::is_index_dtype(tokens), "tokens must be int64 or int32, got ", tokens.scalar_type());
+  TORCH_CHECK_VALUE(tokens.dim() == 2 && tokens.size(0) == B && tokens.size(1) == positions,
+                    "tokens must be [B, P] = [", B, ", ", positions, "], got shape ", tokens.sizes());
+  check_device(tokens, logits, "tokens", "logits");
+  TORCH_CHECK_VALUE(num_top >= 0 && num_top <= kMaxTopLogprobs, "num_top must be in [0, ", kMaxTopLogprobs,
+                    "], got ", num_top);
+  at::Tensor l = unit_stride_last(logits);
+  at::Tensor ids = tokens.to(at::kLong).contiguous();
+  L.keep_alive = {l, ids};
+  P.logits = l.const_data_ptr();
+  P.stride_b = l.stride(0);
+  P.stride_k = l.stride(1);
+  P.B = B;
+  P.positions = positions;
+  P.V = V;
+  P.tokens = ids.const_data_ptr<int64_t>();
+  P.temperature = per_row_temperature(temperature, logits, B, L.keep_alive);
+  P.filters = row_filters(filters, logits, B, V, L.keep_alive, checks);
+  P.n = num_top;
+  P.processed = processed;
+  const auto opts = logits.options().dtype(at::kFloat);
+  L.token_logprobs = at::empty({B, positions}, opts);
+  L.token_ranks = at::empty({B, positions}, logits.options().dtype(at::kLong));
+  L.top_ids = at::empty({B, positions, num_top}, logits.options().dtype(at::kLong));
+  L.top_logprobs = at::empty({B, positions, num_top}, opts);
+  P.token_logprobs = L.token_logprobs.mutable_data_ptr<float>();
+  P.token_ranks = L.token_ranks.mutable_data_ptr<int64_t>();
+  P.top_ids = L.top_ids.mutable_data_ptr<int64_t>();
+  P.top_logprobs = L.top_logprobs.mutable_data_ptr<float>();
+  return L;
+}
+
 }  // namespace specdec

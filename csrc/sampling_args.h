@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/logprob_math.h"
 #include "core/sampling_params.h"
 #include "core/tree_params.h"
 
@@ -76,5 +77,19 @@ SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperat
 // tokens, no randomness.
 SampleLaunch prepare_filtered(const at::Tensor& logits, const at::Tensor& temperature, const SamplingFilters& filters,
                               bool probs_input, FilteredOutput output, HostChecks checks = HostChecks::kCpuTensors);
+
+struct LogprobLaunch {
+  LogprobParams params;
+  DType logits_dtype = DType::kFloat32;
+  at::Tensor token_logprobs, token_ranks, top_ids, top_logprobs;  // outputs
+  std::vector<at::Tensor> keep_alive;
+};
+
+// logprobs' arguments (op_schemas.h): logits [B, P, V], tokens [B, P] (the emitted tokens,
+// < 0 = none), temperature and filters as in verify (read for the processed law only),
+// num_top in [0, kMaxTopLogprobs].
+LogprobLaunch prepare_logprobs(const at::Tensor& logits, const at::Tensor& tokens, const at::Tensor& temperature,
+                               const SamplingFilters& filters, int64_t num_top, bool processed, bool probs_input,
+                               HostChecks checks = HostChecks::kCpuTensors);
 
 }  // namespace specdec

@@ -432,6 +432,46 @@ def test_equals_a_direct_verify_call(with_probs):
     assert torch.equal(got.valid, ref.valid)
 
 
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+def test_logprobs_tensors_layout(mode):
+    """max_num_logprobs = n: vLLM's LogprobsTensors, one row per (request, output position):
+    column 0 the sampled token and its logprob, then verify's top-n, and the rank; the
+    placeholder rows -1 / NaN; the values are verify(..., logprobs=n)'s on the packed inputs,
+    and the raw law is log_softmax of the target logits."""
+    md, q, logits, seeds = _seeded_step(B=6, K=3, V=50, seed=21)
+    B, K1, n = 6, md.max_spec_len + 1, 4
+    temp = torch.tensor([0.8, 0.0, 1.0, 1.2, 0.5, 1.0])
+    top_k = torch.tensor([0, 5, 0, 10, 0, 0])
+    sm = SamplingMetadata(temperature=temp, all_greedy=False, all_random=False, top_k=top_k, max_num_logprobs=n)
+    out = RejectionSampler(logprobs_mode=mode)(md, q, logits, sm, seed=seeds, offset=3)
+    t = out.logprobs_tensors
+    assert t.logprob_token_ids.shape == (B * K1, n + 1) and t.logprob_token_ids.dtype == torch.int32
+    assert t.logprobs.shape == (B * K1, n + 1) and t.logprobs.dtype == torch.float32
+    assert t.selected_token_ranks.shape == (B * K1,)
+    ids = out.sampled_token_ids.view(-1)
+    assert torch.equal(t.logprob_token_ids[:, 0], ids)
+    placeholder = ids == PLACEHOLDER_TOKEN_ID
+    assert placeholder.any() and (~placeholder).any()
+    assert torch.isnan(t.logprobs[placeholder]).all() and (t.selected_token_ranks[placeholder] == -1).all()
+    L, D, Q, nd = _pack_by_loops(md, q, logits)
+    ref, lp = specdec_ext.verify(L, D, Q, temp, top_k=top_k, num_drafts=nd, seed=seeds, offset=3, logprobs=n,
+                                 logprobs_mode=mode.split("_")[0])
+    assert torch.equal(ref.tokens.to(torch.int32).view(-1), ids)
+    assert torch.equal(t.logprob_token_ids[:, 1:], lp.top_ids.view(-1, n).to(torch.int32))
+    torch.testing.assert_close(t.logprobs, torch.cat([lp.token_logprobs.unsqueeze(-1), lp.top_logprobs], -1)
+                               .view(-1, n + 1), atol=0, rtol=0, equal_nan=True)
+    if mode == "raw_logprobs":
+        full = torch.log_softmax(L.double(), -1).view(B * K1, -1)
+        keep = ~placeholder
+        want = full[keep].gather(1, ids[keep].long().view(-1, 1)).view(-1)
+        torch.testing.assert_close(t.logprobs[keep, 0].double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_logprobs_mode_must_be_a_vllm_mode():
+    with pytest.raises(ValueError, match="logprobs_mode"):
+        RejectionSampler(logprobs_mode="raw_logits")
+
+
 def test_generators_map_to_initial_seed_and_step_offset():
     """Without ``seed=``: a request with a generator draws as verify with seed =
     generator.initial_seed() and offset = the sampler's step count for that generator."""
@@ -516,7 +556,9 @@ BAD = {  # name: (how to break the good call, error type, text the message holds
     "top_p_int": (lambda a: _set(a["sm"], top_p=torch.tensor([1, 1])), TypeError, "sampling_metadata.top_p"),
     "top_p_value": (lambda a: _set(a["sm"], top_p=torch.tensor([0.0, 0.5])), ValueError, "top_p"),
     "min_p_shape": (lambda a: _set(a["sm"], min_p=torch.zeros(2, 1)), ValueError, "sampling_metadata.min_p"),
-    "logprobs_requested": (lambda a: _set(a["sm"], max_num_logprobs=5), ValueError, "max_num_logprobs"),
+    "logprobs_negative": (lambda a: _set(a["sm"], max_num_logprobs=-1), ValueError, "max_num_logprobs"),
+    "logprobs_too_many": (lambda a: _set(a["sm"], max_num_logprobs=129), ValueError, "max_num_logprobs"),
+    "logprobs_float": (lambda a: _set(a["sm"], max_num_logprobs=2.0), TypeError, "max_num_logprobs"),
     "generators_not_dict": (lambda a: _set(a["sm"], generators=[torch.Generator()]), TypeError, "generators"),
     "generator_key_range": (lambda a: _set(a["sm"], generators={2: torch.Generator()}), ValueError, "generators"),
     "generator_value": (lambda a: _set(a["sm"], generators={0: 7}), TypeError, r"generators\[0\]"),

@@ -23,8 +23,9 @@ from .cache import (Allocation, BlockManager, KVCache, PagedKVCache, TreeNodes, 
                     spec_attention_mask_bool, tree_attention_mask, tree_attention_mask_bool, tree_positions)
 from .engine import GenerationOutput, RowStats, SpecDecMetrics, SpeculativeEngine
 from .errors import CacheFullError, DeviceFlagError, ModelOutputError, OutOfBlocksError, SpecDecError
-from .ops import (TreeVerifyResult, VerifyResult, filtered_probs, kv_append_, kv_compact_, kv_rollback_, mask_logits,
-                  paged_kv_append_, paged_kv_compact_, paged_kv_gather, sample, tree_depth, verify, verify_tree)
+from .ops import (LogprobsResult, TreeVerifyResult, VerifyResult, filtered_probs, kv_append_, kv_compact_,
+                  kv_rollback_, mask_logits, paged_kv_append_, paged_kv_compact_, paged_kv_gather, sample,
+                  tree_depth, verify, verify_tree)
 
 __version__ = "0.1.0"
 
@@ -35,9 +36,9 @@ def has_cuda_kernels() -> bool:
 
 
 __all__ = ["Allocation", "BlockManager", "CacheFullError", "DeviceFlagError", "GenerationOutput", "KVCache",
-           "ModelOutputError", "OutOfBlocksError", "PagedKVCache", "RowStats", "SpecDecError", "SpecDecMetrics",
-           "SpeculativeEngine", "TreeNodes", "TreeVerifyResult", "VerifyResult", "filtered_probs", "has_cuda_kernels",
-           "kv_append_", "kv_compact_", "kv_rollback_", "mask_logits", "paged_kv_append_", "paged_kv_compact_",
-           "paged_kv_gather", "sample",
-           "spec_attention_mask", "spec_attention_mask_bool", "tree_attention_mask", "tree_attention_mask_bool",
-           "tree_depth", "tree_positions", "verify", "verify_tree"]
+           "LogprobsResult", "ModelOutputError", "OutOfBlocksError", "PagedKVCache", "RowStats",
+           "SpecDecError", "SpecDecMetrics", "SpeculativeEngine", "TreeNodes", "TreeVerifyResult",
+           "VerifyResult", "filtered_probs", "has_cuda_kernels", "kv_append_", "kv_compact_",
+           "kv_rollback_", "mask_logits", "paged_kv_append_", "paged_kv_compact_", "paged_kv_gather",
+           "sample", "spec_attention_mask", "spec_attention_mask_bool", "tree_attention_mask",
+           "tree_attention_mask_bool", "tree_depth", "tree_positions", "verify", "verify_tree"]

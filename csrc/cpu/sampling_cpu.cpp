@@ -78,6 +78,19 @@ at::Tensor mask_logits_cpu(const at::Tensor& logits, const at::Tensor& temperatu
   return filtered_cpu(logits, temperature, top_k, top_p, min_p, false, FilteredOutput::kMask);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_cpu(const at::Tensor& logits, const at::Tensor& tokens,
+                                                         const at::Tensor& temperature, const OptTensor& top_k,
+                                                         const OptTensor& top_p, const OptTensor& min_p,
+                                                         int64_t num_top, bool processed, bool probs_input) {
+  LogprobLaunch L = prepare_logprobs(logits, tokens, temperature, SamplingFilters{top_k, top_p, min_p}, num_top,
+                                     processed, probs_input);
+  if (L.params.B * L.params.positions > 0) {
+    if (use_avx2()) cpu::logprobs_avx2(L.params, L.logits_dtype);
+    else cpu::logprobs_default(L.params, L.logits_dtype);
+  }
+  return {L.token_logprobs, L.token_ranks, L.top_ids, L.top_logprobs};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu(
     const at::Tensor& target_logits, const at::Tensor& tree_token_ids, const at::Tensor& parents,
     const OptTensor& draft_probs, const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset,
@@ -165,6 +178,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("sample", &sample_cpu);
   m.impl("filtered_probs", &filtered_probs_cpu);
   m.impl("mask_logits", &mask_logits_cpu);
+  m.impl("logprobs", &logprobs_cpu);
   m.impl("verify_tree", &verify_tree_cpu);
   m.impl("verify_reference", &verify_reference_cpu);
   m.impl("sample_reference", &sample_reference_cpu);

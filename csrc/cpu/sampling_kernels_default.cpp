@@ -3,6 +3,7 @@
 #define CPU_CAPABILITY_DEFAULT
 #include "sampling_kernels.h"
 #include "tree_kernels.h"
+#include "logprob_kernels.h"
 #include "sampling_kernels_entry.h"
 
 namespace specdec::cpu {
@@ -10,4 +11,5 @@ void verify_default(const VerifyParams& P, DType tl, DType tq) { DEFAULT::verify
 void sample_default(const SampleParams& P, DType tl) { DEFAULT::sample(P, tl); }
 void filtered_default(const SampleParams& P, DType tl) { DEFAULT::filtered(P, tl); }
 void verify_tree_default(const TreeVerifyParams& P, DType tl, DType tq) { DEFAULT::verify_tree(P, tl, tq); }
+void logprobs_default(const LogprobParams& P, DType tl) { DEFAULT::logprobs(P, tl); }
 }  // namespace specdec::cpu

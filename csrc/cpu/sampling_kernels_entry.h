@@ -4,6 +4,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include "../core/logprob_math.h"
 #include "../core/sampling_params.h"
 #include "../core/tree_params.h"
 
@@ -22,5 +23,7 @@ void sample_avx2(const SampleParams& P, DType logits_dtype);
 void filtered_avx2(const SampleParams& P, DType logits_dtype);
 void verify_tree_default(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
 void verify_tree_avx2(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
+void logprobs_default(const LogprobParams& P, DType logits_dtype);
+void logprobs_avx2(const LogprobParams& P, DType logits_dtype);
 bool avx2_compiled();  // false on non-x86 builds, where *_avx2 is the default code
 }  // namespace specdec::cpu

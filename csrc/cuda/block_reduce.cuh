@@ -37,4 +37,37 @@ __device__ __forceinline__ T block_reduce(T v, Merge merge, T* scratch) {
   return r;
 }
 
+// Reducers shared by the kernels (block_reduce / warp_reduce operands).
+struct OrFlag {
+  int v;
+  __device__ __forceinline__ OrFlag shfl(int k) const { return OrFlag{shfl_xor(v, k)}; }
+};
+struct OrMerge {
+  __device__ OrFlag operator()(const OrFlag& a, const OrFlag& b) const { return OrFlag{a.v | b.v}; }
+};
+struct SumF {
+  float v;
+  __device__ __forceinline__ SumF shfl(int k) const { return SumF{shfl_xor(v, k)}; }
+};
+struct SumMerge {
+  __device__ SumF operator()(const SumF& a, const SumF& b) const { return SumF{a.v + b.v}; }
+};
+struct SumI64 {
+  int64_t v;
+  __device__ __forceinline__ SumI64 shfl(int k) const { return SumI64{shfl_xor(v, k)}; }
+};
+struct SumI64Merge {
+  __device__ SumI64 operator()(const SumI64& a, const SumI64& b) const { return SumI64{a.v + b.v}; }
+};
+struct MaxArg {  // max of the raw logits with its first index
+  float m;
+  int64_t arg;
+  __device__ __forceinline__ MaxArg shfl(int k) const { return MaxArg{shfl_xor(m, k), shfl_xor(arg, k)}; }
+};
+struct MaxArgMerge {
+  __device__ MaxArg operator()(const MaxArg& a, const MaxArg& b) const {
+    return (b.m > a.m || (b.m == a.m && b.arg < a.arg)) ? b : a;
+  }
+};
+
 }  // namespace specdec::cuda

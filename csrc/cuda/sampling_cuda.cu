@@ -1,4 +1,5 @@
-// CUDA launchers of specdec::verify, sample, filtered_probs, mask_logits and verify_tree: the torch side only.
+// CUDA launchers of specdec::verify, sample, filtered_probs, mask_logits, logprobs and verify_tree: the torch
+// side only.
 // Shared argument handling (sampling_args.cpp), the stream, and one workspace
 // tensor from torch's caching allocator (kept alive until the launches are queued:
 // the allocator orders its reuse on the stream); the launches themselves are
@@ -84,6 +85,17 @@ at::Tensor mask_logits_cuda(const at::Tensor& logits, const at::Tensor& temperat
   return filtered_cuda(logits, temperature, top_k, top_p, min_p, false, FilteredOutput::kMask);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_cuda(const at::Tensor& logits, const at::Tensor& tokens,
+                                                          const at::Tensor& temperature, const OptTensor& top_k,
+                                                          const OptTensor& top_p, const OptTensor& min_p,
+                                                          int64_t num_top, bool processed, bool probs_input) {
+  const c10::cuda::CUDAGuard guard(logits.device());
+  LogprobLaunch L = prepare_logprobs(logits, tokens, temperature, SamplingFilters{top_k, top_p, min_p}, num_top,
+                                     processed, probs_input);
+  if (L.params.B * L.params.positions > 0) launch_logprobs(L.params, L.logits_dtype, current_stream(logits));
+  return {L.token_logprobs, L.token_ranks, L.top_ids, L.top_logprobs};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(
     const at::Tensor& target_logits, const at::Tensor& tree_token_ids, const at::Tensor& parents,
     const OptTensor& draft_probs, const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset,
@@ -106,6 +118,7 @@ TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("sample", &sample_cuda);
   m.impl("filtered_probs", &filtered_probs_cuda);
   m.impl("mask_logits", &mask_logits_cuda);
+  m.impl("logprobs", &logprobs_cuda);
   m.impl("verify_tree", &verify_tree_cuda);
 }
 

@@ -72,6 +72,7 @@
 
 #include <cstdint>
 
+#include "../core/logprob_math.h"
 #include "../core/rng.h"
 #include "../core/sampling_params.h"
 #include "../core/verify_math.h"
@@ -1194,6 +1195,140 @@ __global__ void __launch_bounds__(kFilterThreads) filter_cutoff_kernel(FilterPar
         cut = block_cutoff(row, F.V, F.vec != 0, mb.m, 1.0f / t, f, count, mass, min_scratch);
     }
     if (threadIdx.x == 0) F.cutoff[item] = cut;
+  }
+}
+
+// ----------------------------------------------------------------------------
+// logprobs (core/logprob_math.h): one block per (row, position) with an emitted token
+// ----------------------------------------------------------------------------
+// Pass 1: the raw max with its first argmax (NaN / +inf: no law, outputs NaN); with the
+// processed law and filters the cutoff (block_cutoff: filter_cutoff_kernel's passes);
+// pass 2: the sum of shifted_exp over the kept logits. The token's logprob from these
+// stats. Top-n: the n-th largest logit by top-k's counting passes, the logits strictly
+// above it gathered in shared memory, the ties at it added in id order, then sorted by
+// (logit desc, id asc) by one thread (n <= kMaxTopLogprobs). The token's rank: one
+// counting pass.
+
+struct LogprobShared {
+  uint32_t count[kRadixBins];
+  unsigned long long mass[kRadixBins];
+  MinVal min_scratch[32];
+  MaxArg max_scratch[32];
+  OrFlag bad_scratch[32];
+  SumF sum_scratch[32];
+  SumI64 rank_scratch[32];
+  int warp_ties[32];
+  int top_count;
+  float top_x[kMaxTopLogprobs];
+  int64_t top_v[kMaxTopLogprobs];
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kFilterThreads) logprobs_kernel(LogprobParams P, int vec_i) {
+  SPECDEC_SHARED(LogprobShared, sh);
+  const bool vec = vec_i != 0;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int64_t V = P.V, n = P.n;
+  for (int64_t item = blockIdx.x; item < P.B * P.positions; item += gridDim.x) {
+    const int64_t b = item / P.positions, i = item - b * P.positions;
+    const int64_t token = P.tokens[item];
+    const float t = P.temperature.get(b);
+    const FilterSpec f = P.filters.get(b);
+    const T* row = static_cast<const T*>(P.logits) + b * P.stride_b + i * P.stride_k;
+    // block-uniform from here (token, t, f and the reductions are the same in every thread)
+    bool ok = token >= 0;
+    PositionLaw law;
+    if (ok) {
+      MaxArg ma{-kInf, INT64_MAX};
+      OrFlag bad{0};
+      for_each_token_at(row, V, vec, [&](int64_t v, float x) {
+        if (bad_logit(x)) bad.v = 1;
+        else if (x > ma.m) ma = MaxArg{x, v};  // a thread sees its tokens in increasing order
+      });
+      ma = block_reduce(ma, MaxArgMerge{}, sh.max_scratch);
+      bad = block_reduce(bad, OrMerge{}, sh.bad_scratch);
+      ok = !bad.v && usable_max(ma.m) && (!P.processed || (valid_temperature(t) && valid_filter(f)));
+      law.m = ma.m;
+      law.arg = ma.arg;
+      law.greedy = P.processed && t == 0.0f;
+    }
+    if (ok && !law.greedy) {
+      law.inv_t = P.processed ? 1.0f / t : 1.0f;
+      if (P.processed && filter_on(f, V))
+        law.cut = block_cutoff(row, V, vec, law.m, law.inv_t, f, sh.count, sh.mass, sh.min_scratch);
+      SumF s{0.0f};
+      for_each_token(row, V, vec, [&](float x) { s.v += shifted_exp(filtered_logit(x, law.cut), law.m, law.inv_t); });
+      law.log_s = logf(block_reduce(s, SumMerge{}, sh.sum_scratch).v);
+    }
+    const bool has_token = ok && token < V;
+    const float xt = has_token ? to_float(row[token]) : 0.0f;
+    SumI64 rank{law.greedy ? 1 : 0};
+    if (has_token && !law.greedy) {  // tokens at or above it (vLLM's selected_token_ranks)
+      for_each_token(row, V, vec, [&](float x) { rank.v += x >= xt ? 1 : 0; });
+      rank = block_reduce(rank, SumI64Merge{}, sh.rank_scratch);
+    }
+    if (threadIdx.x == 0) {
+      P.token_logprobs[item] = has_token ? law.logprob(xt, token) : __uint_as_float(0x7fc00000u);
+      P.token_ranks[item] = has_token ? rank.v : -1;
+      sh.top_count = 0;
+    }
+    if (ok && n > 0) {
+      FilterSpec top;
+      top.top_k = n;
+      const float c = n < V ? block_cutoff(row, V, vec, law.m, 1.0f, top, sh.count, sh.mass, sh.min_scratch) : -kInf;
+      __syncthreads();  // top_count = 0 is seen
+      for_each_token_at(row, V, vec, [&](int64_t v, float x) {
+        if (x > c) {  // fewer than n of them: c is the n-th largest
+          const int slot = atomicAdd(&sh.top_count, 1);
+          sh.top_x[slot] = x;
+          sh.top_v[slot] = v;
+        }
+      });
+      __syncthreads();
+      // the ties at c, in id order, until n entries
+      for (int64_t base = 0; base < V && sh.top_count < n; base += blockDim.x) {
+        const int64_t v = base + threadIdx.x;
+        const bool tie = v < V && to_float(row[v]) == c;
+        const unsigned bal = __ballot_sync(0xffffffffu, tie);
+        if (lane == 0) sh.warp_ties[warp] = __popc(bal);
+        __syncthreads();
+        int before = __popc(bal & ((1u << lane) - 1u)), total = 0;
+        for (int w = 0; w < warps; ++w) {
+          before += w < warp ? sh.warp_ties[w] : 0;
+          total += sh.warp_ties[w];
+        }
+        const int have = sh.top_count;
+        if (tie && have + before < n) {
+          sh.top_x[have + before] = c;
+          sh.top_v[have + before] = v;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) sh.top_count = static_cast<int>(have + total < n ? have + total : n);
+        __syncthreads();
+      }
+      if (threadIdx.x == 0) {  // insertion sort: (logit desc, id asc)
+        const int cnt = sh.top_count;
+        for (int a = 1; a < cnt; ++a) {
+          const float x = sh.top_x[a];
+          const int64_t v = sh.top_v[a];
+          int k = a - 1;
+          for (; k >= 0 && ranks_before(x, v, sh.top_x[k], sh.top_v[k]); --k) {
+            sh.top_x[k + 1] = sh.top_x[k];
+            sh.top_v[k + 1] = sh.top_v[k];
+          }
+          sh.top_x[k + 1] = x;
+          sh.top_v[k + 1] = v;
+        }
+      }
+      __syncthreads();
+    }
+    const int cnt = ok && n > 0 ? sh.top_count : 0;
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      const bool have = k < cnt;
+      P.top_ids[item * n + k] = have ? sh.top_v[k] : -1;
+      P.top_logprobs[item * n + k] = have ? law.logprob(sh.top_x[k], sh.top_v[k]) : __uint_as_float(0x7fc00000u);
+    }
+    __syncthreads();  // the shared top-n is reused by the next item
   }
 }
 

@@ -140,4 +140,14 @@ inline void launch_filtered(const SampleParams& P, DType logits_dtype, int devic
   else dispatch_logits_dtype<CudaTypes>(logits_dtype, [&](auto tl) { run(tl, std::false_type{}); });
 }
 
+// specdec::logprobs on prepared parameters (sampling_args.h: prepare_logprobs), B * P > 0:
+// one launch, one block per (row, position) (no workspace, no host sync).
+inline void launch_logprobs(const LogprobParams& P, DType logits_dtype, cudaStream_t stream) {
+  dispatch_logits_dtype<CudaTypes>(logits_dtype, [&](auto tl) {
+    using TL = typename decltype(tl)::type;
+    const int vec = vector_ok(P.logits, sizeof(TL), P.V, P.stride_b, P.B, P.stride_k, P.positions);
+    launch(logprobs_kernel<TL>, to_dim(P.B * P.positions), dim3(kFilterThreads), stream, P, vec);
+  });
+}
+
 }  // namespace specdec::cuda

@@ -32,31 +32,6 @@ struct TreeWorkspace {
   int vec_logits;       // vector loads of the logits rows (vector_ok)
 };
 
-struct OrFlag {
-  int v;
-  __device__ __forceinline__ OrFlag shfl(int k) const { return OrFlag{shfl_xor(v, k)}; }
-};
-struct OrMerge {
-  __device__ OrFlag operator()(const OrFlag& a, const OrFlag& b) const { return OrFlag{a.v | b.v}; }
-};
-struct SumF {
-  float v;
-  __device__ __forceinline__ SumF shfl(int k) const { return SumF{shfl_xor(v, k)}; }
-};
-struct SumMerge {
-  __device__ SumF operator()(const SumF& a, const SumF& b) const { return SumF{a.v + b.v}; }
-};
-struct MaxArg {  // max of the raw logits with its first index
-  float m;
-  int64_t arg;
-  __device__ __forceinline__ MaxArg shfl(int k) const { return MaxArg{shfl_xor(m, k), shfl_xor(arg, k)}; }
-};
-struct MaxArgMerge {
-  __device__ MaxArg operator()(const MaxArg& a, const MaxArg& b) const {
-    return (b.m > a.m || (b.m == a.m && b.arg < a.arg)) ? b : a;
-  }
-};
-
 // The block-shared reduction scratch of the tree kernel.
 struct TreeScratch {
   OrFlag* flag;

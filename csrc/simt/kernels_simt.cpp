@@ -58,6 +58,8 @@ void filtered(const SampleParams& P, DType logits_dtype) {
   cuda::launch_filtered(P, logits_dtype, 0, nullptr, ws.allocator());
 }
 
+void logprobs(const LogprobParams& P, DType logits_dtype) { cuda::launch_logprobs(P, logits_dtype, nullptr); }
+
 void verify_tree(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype) {
   SeparateBuffers ws;
   cuda::launch_verify_tree(P, logits_dtype, probs_dtype, 0, nullptr, ws.allocator());

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "../core/kv_cache.h"
+#include "../core/logprob_math.h"
 #include "../core/sampling_params.h"
 #include "../core/tree_params.h"
 
@@ -16,6 +17,7 @@ namespace specdec::simt_ops {
 void verify(const VerifyParams& P, DType logits_dtype, DType probs_dtype);
 void sample(const SampleParams& P, DType logits_dtype);
 void filtered(const SampleParams& P, DType logits_dtype);  // launch_filtered: filtered_probs / mask_logits
+void logprobs(const LogprobParams& P, DType logits_dtype);  // launch_logprobs (B * P > 0)
 // tree_launch.cuh: launch_verify_tree (P.B > 0)
 void verify_tree(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
 

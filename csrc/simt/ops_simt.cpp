@@ -69,6 +69,22 @@ at::Tensor mask_logits_simt(const at::Tensor& logits, const at::Tensor& temperat
   return filtered_simt(logits, temperature, top_k, top_p, min_p, false, FilteredOutput::kMask);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_simt(const at::Tensor& logits, const at::Tensor& tokens,
+                                                          const at::Tensor& temperature, const OptTensor& top_k,
+                                                          const OptTensor& top_p, const OptTensor& min_p,
+                                                          int64_t num_top, bool processed, bool probs_input) {
+  LogprobLaunch L = prepare_logprobs(logits, tokens, temperature, SamplingFilters{top_k, top_p, min_p}, num_top,
+                                     processed, probs_input, HostChecks::kScalarsOnly);
+  if (L.params.B * L.params.positions > 0) {
+    L.top_ids.fill_(kUnwritten);
+    L.token_ranks.fill_(kUnwritten);
+    L.token_logprobs.view(at::kByte).fill_(0x5A);
+    L.top_logprobs.view(at::kByte).fill_(0x5A);
+    logprobs(L.params, L.logits_dtype);
+  }
+  return {L.token_logprobs, L.token_ranks, L.top_ids, L.top_logprobs};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree_simt(
     const at::Tensor& target_logits, const at::Tensor& tree_token_ids, const at::Tensor& parents,
     const OptTensor& draft_probs, const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset,
@@ -140,6 +156,7 @@ TORCH_LIBRARY_IMPL(specdec_simt, CPU, m) {
   m.impl("sample", &sample_simt);
   m.impl("filtered_probs", &filtered_probs_simt);
   m.impl("mask_logits", &mask_logits_simt);
+  m.impl("logprobs", &logprobs_simt);
   m.impl("verify_tree", &verify_tree_simt);
   m.impl("kv_append_", &kv_append_simt);
   m.impl("kv_rollback_", &kv_rollback_simt);

@@ -177,6 +177,7 @@ inline int __all_sync(unsigned mask, int pred, const char* file = __builtin_FILE
 
 // ---- integer and bit intrinsics ------------------------------------------------------
 inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline unsigned __umulhi(unsigned a, unsigned b) {
   return static_cast<unsigned>((static_cast<uint64_t>(a) * static_cast<uint64_t>(b)) >> 32);
 }

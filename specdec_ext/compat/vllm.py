@@ -49,29 +49,40 @@ Differences from vLLM, all deliberate:
   per-row value in a device tensor) comes back as a row of :data:`PLACEHOLDER_TOKEN_ID`
   only (vLLM's ``parse_output`` then yields no token for it) and ``valid[b] = False`` in
   :class:`SamplerOutput`.
-- logprobs are not computed yet: ``max_num_logprobs`` must be None and
-  ``SamplerOutput.logprobs_tensors`` is None (it is where vLLM's ``LogprobsTensors`` go).
+- logprobs (``max_num_logprobs = n``) come in vLLM's ``LogprobsTensors`` layout, one row per
+  (request, output position) of ``sampled_token_ids`` (B * (max_spec_len + 1) rows, row
+  b * (max_spec_len + 1) + i): column 0 the token's own logprob, then the top-n, and its
+  rank. ``RejectionSampler(logprobs_mode=)`` takes vLLM's ``"raw_logprobs"`` (log softmax of
+  the target logits, vLLM's default) or ``"processed_logprobs"`` (the temperature-scaled,
+  filtered law); the ``*_logits`` modes are not offered. Placeholder rows hold -1 ids and
+  NaN logprobs (vLLM computes them on token 0 and drops them in ``parse_output``; so does
+  the placeholder mask there). They come from :func:`specdec_ext.verify`'s ``logprobs=``:
+  one more launch over the emitted positions, no host sync.
 """
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Union
 
 import torch
 
 from .._validate import check_int
 from ..ops._args import bool_arg
 from ..ops._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype
+from ..ops.logprobs import MAX_TOP_LOGPROBS
 from ..ops.sampling import verify
 
-__all__ = ["PLACEHOLDER_TOKEN_ID", "RejectionSampler", "SamplerOutput", "SamplingMetadata", "SpecDecodeMetadata"]
+__all__ = ["LogprobsTensors", "PLACEHOLDER_TOKEN_ID", "RejectionSampler", "SamplerOutput", "SamplingMetadata",
+           "SpecDecodeMetadata"]
 
 #: vLLM's filler for the positions of ``sampled_token_ids`` past a request's last token
 PLACEHOLDER_TOKEN_ID = -1
 
 #: vLLM's greedy threshold (``_SAMPLING_EPS``): temperature below it means greedy
 SAMPLING_EPS = 1e-5
+# vLLM's logprobs modes this sampler offers -> verify's logprobs_mode
+_LOGPROBS_MODES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
 
 _FLOAT_INPUTS = FLOATS + (torch.float64,)  # verify's wrapper converts float64 to float32
 _MIN_P_BELOW_ONE = float(torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)))
@@ -181,7 +192,8 @@ class SamplingMetadata:
         Batch index -> the request's generator (requests with a user seed). Only the
         generator's ``initial_seed()`` is read; see :meth:`RejectionSampler.forward`.
     max_num_logprobs : int or None
-        Must be None: logprobs are not computed yet.
+        n in [0, 128]: return the sampled tokens' logprobs and the top-n of each position
+        (:class:`LogprobsTensors`); None: no logprobs.
     min_p : Tensor [B] float32 (| float16, bfloat16, float64), or None
         In [0, 1]; 0 = off. None = off for every request. (vLLM keeps min_p in its
         ``MinPLogitsProcessor``; it is applied at verified positions too, see the module.)
@@ -197,6 +209,22 @@ class SamplingMetadata:
     min_p: Optional[torch.Tensor] = None
 
 
+class LogprobsTensors(NamedTuple):
+    """vLLM's ``LogprobsTensors`` (vllm/v1/outputs.py), as the rejection sampler fills it.
+    R = B * (max_spec_len + 1) rows (row b * (max_spec_len + 1) + i: output position i of
+    request b), n = ``max_num_logprobs``.
+
+    logprob_token_ids    int32 [R, n + 1]: the sampled token, then the top-n ids (-1: none)
+    logprobs             float32 [R, n + 1]: their logprobs (NaN on a placeholder row)
+    selected_token_ranks int64 [R]: the sampled token's rank, the number of tokens whose
+                         logit is >= its logit (-1 on a placeholder row)
+    """
+
+    logprob_token_ids: torch.Tensor
+    logprobs: torch.Tensor
+    selected_token_ranks: torch.Tensor
+
+
 @dataclass
 class SamplerOutput:
     """vLLM's ``SamplerOutput`` (vllm/v1/outputs.py) as the rejection sampler returns it.
@@ -206,8 +234,8 @@ class SamplerOutput:
     sampled_token_ids : Tensor [B, max_spec_len + 1] int32
         Request b's accepted drafts, then its recovered (or bonus) token, then
         :data:`PLACEHOLDER_TOKEN_ID`; an invalid row is all placeholder.
-    logprobs_tensors : None
-        Where vLLM's ``LogprobsTensors`` go; always None for now (logprobs not computed).
+    logprobs_tensors : LogprobsTensors or None
+        With ``sampling_metadata.max_num_logprobs`` set; else None.
     valid : Tensor [B] bool
         False exactly for a row verify reported invalid (see the module docstring).
         Not a vLLM field.
@@ -254,8 +282,11 @@ class RejectionSampler(torch.nn.Module):
     graph, pass device ``seed`` / ``offset`` tensors instead (see :meth:`forward`).
     """
 
-    def __init__(self):
+    def __init__(self, logprobs_mode: str = "raw_logprobs"):
         super().__init__()
+        if logprobs_mode not in _LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {tuple(_LOGPROBS_MODES)}, got {logprobs_mode!r}")
+        self.logprobs_mode = logprobs_mode
         # generator -> how many steps this sampler has drawn for it (its request's offset)
         self._steps: "weakref.WeakKeyDictionary[torch.Generator, int]" = weakref.WeakKeyDictionary()
 
@@ -292,7 +323,8 @@ class RejectionSampler(torch.nn.Module):
 
         Returns
         -------
-        SamplerOutput(sampled_token_ids [B, max_spec_len + 1] int32, logprobs_tensors None,
+        SamplerOutput(sampled_token_ids [B, max_spec_len + 1] int32, logprobs_tensors (None unless
+        ``max_num_logprobs`` is set),
         valid [B] bool)
 
         Raises
@@ -364,10 +396,25 @@ class RejectionSampler(torch.nn.Module):
             m = min_p.to(torch.float32)
             min_p = torch.where(m == 1.0, torch.full_like(m, _MIN_P_BELOW_ONE), m)
 
+        n = self._num_logprobs(sm)
         res = verify(target_logits, draft_ids, q, temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                     num_drafts=num_drafts, seed=seeds, offset=offsets)
+                     num_drafts=num_drafts, seed=seeds, offset=offsets, logprobs=n,
+                     logprobs_mode=_LOGPROBS_MODES[self.logprobs_mode])
+        tensors = None
+        if n is not None:
+            res, lp = res
+            rows = B * (K + 1)
+            tensors = LogprobsTensors(
+                torch.cat([res.tokens.unsqueeze(-1), lp.top_ids], -1).view(rows, n + 1).to(torch.int32),
+                torch.cat([lp.token_logprobs.unsqueeze(-1), lp.top_logprobs], -1).view(rows, n + 1),
+                lp.token_ranks.reshape(rows))
         # verify writes -1 past the emitted tokens and over a whole invalid row: vLLM's placeholder
-        return SamplerOutput(sampled_token_ids=res.tokens.to(torch.int32), logprobs_tensors=None, valid=res.valid)
+        return SamplerOutput(sampled_token_ids=res.tokens.to(torch.int32), logprobs_tensors=tensors, valid=res.valid)
+
+    @staticmethod
+    def _num_logprobs(sm) -> Optional[int]:
+        n = _field(sm, "sampling_metadata.max_num_logprobs")
+        return None if n is None else check_int("sampling_metadata.max_num_logprobs", n, 0, MAX_TOP_LOGPROBS)
 
     # ------------------------------------------------------------------ checks
     @staticmethod
@@ -404,10 +451,7 @@ class RejectionSampler(torch.nn.Module):
             flags[name] = bool_arg(_field(sm, f"sampling_metadata.{name}"), f"sampling_metadata.{name}")
         if flags["all_greedy"] and flags["all_random"]:
             raise ValueError("sampling_metadata.all_greedy and sampling_metadata.all_random are both True")
-        logprobs = _field(sm, "sampling_metadata.max_num_logprobs")
-        if logprobs is not None:
-            raise ValueError(f"sampling_metadata.max_num_logprobs must be None: this sampler does not compute "
-                             f"logprobs yet (SamplerOutput.logprobs_tensors is None); got {logprobs!r}")
+        RejectionSampler._num_logprobs(sm)  # checked before anything runs
         temperature = _field(sm, "sampling_metadata.temperature")
         if flags["all_greedy"]:
             temperature = None  # vLLM passes None then; any value is ignored

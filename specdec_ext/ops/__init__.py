@@ -4,6 +4,7 @@ kernels torch.compile traces with. The schemas live in csrc/ops.cpp.
 
 - :mod:`.sampling`  ``verify``, ``sample``
 - :mod:`.filtered`  ``filtered_probs``, ``mask_logits`` (the filtered law, no draw)
+- :mod:`.logprobs`  ``logprobs`` (verify / sample's ``logprobs=``: :class:`LogprobsResult`)
 - :mod:`.tree`      ``verify_tree`` (tree speculation)
 - :mod:`.kv`        ``kv_append_``, ``kv_rollback_``, ``kv_compact_`` (contiguous cache)
 - :mod:`.paged_kv`  ``paged_kv_append_``, ``paged_kv_gather`` / ``paged_kv_gather_into_``,
@@ -12,9 +13,11 @@ kernels torch.compile traces with. The schemas live in csrc/ops.cpp.
 from .. import _C  # noqa: F401  (registers the schemas the fake kernels below attach to)
 from .filtered import filtered_probs, mask_logits
 from .kv import kv_append_, kv_compact_, kv_rollback_
+from .logprobs import LogprobsResult
 from .paged_kv import paged_kv_append_, paged_kv_compact_, paged_kv_gather
 from .sampling import VerifyResult, sample, verify
 from .tree import TreeVerifyResult, tree_depth, verify_tree
 
-__all__ = ["TreeVerifyResult", "VerifyResult", "filtered_probs", "kv_append_", "kv_compact_", "kv_rollback_",
-           "mask_logits", "paged_kv_append_", "paged_kv_compact_", "paged_kv_gather", "sample", "tree_depth", "verify", "verify_tree"]
+__all__ = ["LogprobsResult", "TreeVerifyResult", "VerifyResult", "filtered_probs", "kv_append_", "kv_compact_",
+           "kv_rollback_", "mask_logits", "paged_kv_append_", "paged_kv_compact_", "paged_kv_gather",
+           "sample", "tree_depth", "verify", "verify_tree"]

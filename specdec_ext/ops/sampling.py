@@ -7,10 +7,11 @@ from typing import NamedTuple, Optional
 import torch
 
 from ._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype
+from .logprobs import LogprobsResult, logprobs_args
 from ._args import (FloatOrTensor, IntOrTensor, Temperature, bool_arg, filter_args, float_arg, int64_arg, mode_arg,
                     seed_arg, temperature_arg)
 
-__all__ = ["VerifyResult", "sample", "verify"]
+__all__ = ["LogprobsResult", "VerifyResult", "sample", "verify"]
 
 #: the op namespace the wrappers call (specdec_ext.testing.simt rebinds it to the SIMT emulation)
 _OPS = torch.ops.specdec
@@ -51,7 +52,9 @@ def verify(
     offset: IntOrTensor = 0,
     mode: str = "exact",
     probs_input: bool = False,
-) -> VerifyResult:
+    logprobs: Optional[int] = None,
+    logprobs_mode: str = "raw",
+):
     """Verify K drafted tokens per row against the target model, in one fused op.
 
     Speculative sampling (Leviathan et al. / Chen et al.): draft x_i is accepted with
@@ -116,19 +119,34 @@ def verify(
         reads a logit, in the same pass (no separate log pass, no converted copy): p = 0 is
         -inf (no mass), a negative / NaN / +inf p makes the row invalid. At temperature 1
         the law is p / sum(p); a temperature T gives p^(1/T) renormalised.
+    logprobs : None or int n in [0, 128]
+        Also return the logprob of every emitted token and, for n > 0, the top-n (id,
+        logprob) at each emitted position (:class:`LogprobsResult`, P = K + 1). One more
+        launch over the emitted positions only (positions past a row's emitted tokens are
+        not read: NaN / -1 there), no host sync.
+    logprobs_mode : "raw" | "processed"
+        "raw": log softmax(target_logits) at T = 1, no filter. "processed": the log of the
+        law the token was drawn from (temperature, then the filters; -inf outside the kept
+        set; a greedy row is one-hot: 0 at its argmax).
 
     Returns
     -------
-    VerifyResult(tokens [B, K+1] int64, num_accepted [B] int64, valid [B] bool)
+    VerifyResult(tokens [B, K+1] int64, num_accepted [B] int64, valid [B] bool), or with
+    ``logprobs``: (VerifyResult, LogprobsResult)
     """
     coupled = mode_arg(mode)
+    lp = logprobs_args(logprobs, logprobs_mode)
     if num_drafts is not None and not isinstance(num_drafts, torch.Tensor):
         raise TypeError(f"num_drafts must be None or an int tensor [B], got {type(num_drafts).__name__}")
+    logits, t, filters = float_arg(target_logits), temperature_arg(temperature), filter_args(top_k, top_p, min_p)
+    probs_input = bool_arg(probs_input, "probs_input")
     tokens, num_accepted, valid = _OPS.verify(
-        float_arg(target_logits), draft_token_ids, float_arg(draft_probs), temperature_arg(temperature),
-        seed_arg(seed), int64_arg(offset, "offset"), *filter_args(top_k, top_p, min_p), num_drafts, coupled,
-        bool_arg(probs_input, "probs_input"))
-    return VerifyResult(tokens, num_accepted, valid)
+        logits, draft_token_ids, float_arg(draft_probs), t, seed_arg(seed), int64_arg(offset, "offset"), *filters,
+        num_drafts, coupled, probs_input)
+    result = VerifyResult(tokens, num_accepted, valid)
+    if lp is None:
+        return result
+    return result, LogprobsResult(*_OPS.logprobs(logits, tokens, t, *filters, *lp, probs_input))
 
 
 def sample(
@@ -142,7 +160,9 @@ def sample(
     offset: IntOrTensor = 0,
     probs_out: Optional[torch.Tensor] = None,
     probs_input: bool = False,
-) -> torch.Tensor:
+    logprobs: Optional[int] = None,
+    logprobs_mode: str = "raw",
+):
     """Draw one token per row from softmax(logits / temperature), after the optional
     top-k / top-p / min-p filters, in one fused op.
 
@@ -160,16 +180,26 @@ def sample(
         ``draft_probs[:, i]`` so K draft steps feed :func:`verify` with no host sync.
     probs_input : bool
         True: ``logits`` holds probabilities (float32), read as log p: see :func:`verify`.
+    logprobs, logprobs_mode : as in :func:`verify` (the LogprobsResult tensors have no P
+        dimension: token_logprobs / token_ranks [B], top_ids / top_logprobs [B, n])
 
     Returns
     -------
     Tensor [B] int64: the sampled ids, always in [0, V) for finite logits (any size) and a
     usable temperature; -1 for a row whose logits hold NaN / +inf or are all -inf, or whose
     device tensor temperature or filter value is unusable; its probs_out row is then 0.
+    With ``logprobs``: (tokens, LogprobsResult).
     """
-    return _OPS.sample(
-        float_arg(logits), temperature_arg(temperature), seed_arg(seed), int64_arg(offset, "offset"), probs_out,
-        *filter_args(top_k, top_p, min_p), bool_arg(probs_input, "probs_input"))
+    lp = logprobs_args(logprobs, logprobs_mode)
+    x, t, filters = float_arg(logits), temperature_arg(temperature), filter_args(top_k, top_p, min_p)
+    probs_input = bool_arg(probs_input, "probs_input")
+    tokens = _OPS.sample(x, t, seed_arg(seed), int64_arg(offset, "offset"), probs_out, *filters, probs_input)
+    if lp is None:
+        return tokens
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:  # the op refused anything else already
+        raise ValueError(f"logits must be [B, V], got {tuple(getattr(x, 'shape', ()))}")
+    out = _OPS.logprobs(x.unsqueeze(1), tokens.unsqueeze(1), t, *filters, *lp, probs_input)
+    return tokens, LogprobsResult(*(o[:, 0] for o in out))
 
 
 # ---- fake (meta) kernels: output shapes / dtypes for torch.compile tracing ----
