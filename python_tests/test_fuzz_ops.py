@@ -51,6 +51,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, note, settings
@@ -84,6 +85,8 @@ ARG_NAMES = {
                     "depth", "top_k", "top_p", "min_p"],
     "sample": ["logits", "temperature", "seed", "offset", "probs_out", "top_k", "top_p", "min_p"],
     "filtered": ["logits", "temperature", "top_k", "top_p", "min_p", "probs_input"],
+    "logprobs": ["logits", "tokens", "temperature", "top_k", "top_p", "min_p", "num_top", "processed", "probs_input",
+                 "logprobs", "logprobs_mode"],
     "kv_append_": ["key_cache", "value_cache", "new_k", "new_v", "lengths", "overflow"],
     "kv_rollback_": ["lengths", "num_appended", "num_kept", "invalid"],
     "paged_kv_append_": ["key_cache", "value_cache", "new_k", "new_v", "slot_mapping", "invalid"],
@@ -2352,6 +2355,121 @@ def make_filtered_case(via, op, args):
 
 
 # =============================================================================================
+# logprobs (verify / sample's logprobs=)
+# =============================================================================================
+@st.composite
+def logprobs_cases(draw):
+    """The raw op over [B, P, V] logits and emitted tokens (-1 = none, some >= V), or the
+    sample wrapper with logprobs=: top ids must be the n largest logits (ties by id), the
+    rank the count of logits >= the token's, the logprobs the law's (float64 reference)."""
+    via = draw(st.sampled_from(["raw", "wrapper"]))
+    focus = focus_draw(draw, False)
+    B = draw(rarely_zero(4, p=1000 if focus else 10))
+    P = 1 if via == "wrapper" else draw(st.integers(1, 3))
+    V = draw(FOCUS_VOCAB if focus else vocab_size())
+    c = Chaos(draw, focus)
+    shape = c.shape([B, P, V] if via == "raw" else [B, V])
+    lvals = draw(float_values(shape, regimes=FOCUS_REGIMES, specials=False) if focus else float_values(shape))
+    logits = draw(tensors(lvals, c.fdtype(), meta=c.meta()))
+    temperature = draw(py_or_tensor_temperature(B, via, c, values=FOCUS_TEMPERATURES if focus else None))
+    filters = draw(filter_args_draw(B, V, via, c, focus))
+    processed = draw(st.booleans())
+    # out of range, or (the wrapper's TypeError; torch's schema check judges the raw op) a float
+    bad = [-1, 129] + ([2.0] if via == "wrapper" else [])
+    num_top = draw(st.sampled_from([0, 1, 3, 8]) if draw(st.integers(0, 9)) else st.sampled_from(bad))
+    args = dict(logits=logits, temperature=temperature, **filters)
+    if via == "raw":
+        temperature = temperature if isinstance(temperature, torch.Tensor) else torch.tensor(float(temperature))
+        tok_vals = torch.tensor(draw(st.lists(st.integers(-1, V + 1), min_size=B * P, max_size=B * P)),
+                                dtype=torch.int64).view(B, P)
+        args.update(temperature=temperature, tokens=draw(tensors(tok_vals, c.idtype(), meta=c.meta())),
+                    num_top=num_top, processed=processed)
+    else:
+        args.update(seed=1, logprobs=num_top, logprobs_mode="processed" if processed else "raw")
+    return make_logprobs_case(via, args)
+
+
+def make_logprobs_case(via, args):
+    a = args
+    logits, temperature = a["logits"], a["temperature"]
+    n, processed = (a["num_top"], a["processed"]) if via == "raw" else (a["logprobs"], a["logprobs_mode"] == "processed")
+    dev = logits.device.type
+    if via == "raw":
+        v = make_sample_case("raw", dict(logits=logits[:, 0] if logits.dim() == 3 else logits,
+                                         temperature=temperature, seed=torch.tensor(0), offset=torch.tensor(0),
+                                         probs_out=None, **{k: a.get(k) for k in FILTER_NAMES})).verdict
+        v.refuse = [r for r in v.refuse if not r.startswith("logits shape")]
+        v.must("logits shape", logits.dim() != 3 or logits.shape[2] == 0)
+        tokens = a["tokens"]
+        B, P = (tuple(logits.shape) + (0, 0))[:2] if logits.dim() == 3 else (0, 0)
+        v.must("tokens dtype", tokens.dtype not in (torch.int64, torch.int32))
+        v.must("tokens shape", tuple(tokens.shape) != (B, P))
+        v.must("tokens device", tokens.device.type != dev)
+    else:
+        v = make_sample_case("wrapper", dict(logits=logits, temperature=temperature, seed=1, offset=0,
+                                             probs_out=None, **{k: a.get(k) for k in FILTER_NAMES})).verdict
+        B, P = (logits.shape[0] if logits.dim() == 2 else 0), 1
+    v.must("num_top type", isinstance(n, float))
+    v.must("num_top range", not isinstance(n, float) and not 0 <= n <= 128)
+    filters = [a.get(name) for name in FILTER_NAMES]
+
+    def call():
+        if via == "raw":
+            return ops().logprobs(logits, a["tokens"], temperature, *filters, n, processed, False)
+        return api().sample(logits, temperature, seed=1, logprobs=n, logprobs_mode=a["logprobs_mode"],
+                            **{k: a.get(k) for k in FILTER_NAMES})
+
+    def check(out, pre, snap):
+        if via == "raw":
+            lp, ranks, ids, tops = out
+            tok = pre["tokens"].long() if "tokens" in pre else None
+            x_all = pre["logits"] if dev != "meta" else None
+        else:
+            tok1, res = out
+            lp, ranks, ids, tops = (t.unsqueeze(1) for t in res)
+            tok = tok1.view(-1, 1) if dev != "meta" else None
+            x_all = pre["logits"].unsqueeze(1) if dev != "meta" else None
+        if tuple(lp.shape) != (B, P) or tuple(ids.shape) != (B, P, n) or ids.dtype != torch.int64 \
+                or lp.dtype != torch.float32 or ranks.dtype != torch.int64:
+            fail("logprobs output metadata", f"{describe(lp)} {describe(ids)}")
+        if dev == "meta":
+            return
+        check_unchanged_except(snap, {}, "logprobs writes only its outputs")
+        x_all = x_all.float()
+        T = pre["temperature"] if "temperature" in pre else torch.tensor(f32(float(temperature)))
+        for b in range(B):
+            Tb = float(T if T.dim() == 0 else T[b])
+            for i in range(P):
+                t, x = int(tok[b, i]), x_all[b, i]
+                bad = bool((x != x).any() | (x == math.inf).any() | (x == -math.inf).all())
+                no_law = t < 0 or bad or (processed and not valid_temperature(Tb))
+                if no_law or t >= x.shape[0]:
+                    if not (bool(torch.isnan(lp[b, i])) and int(ranks[b, i]) == -1):
+                        fail("logprobs: a position without a law / token has a logprob or rank",
+                             f"({b}, {i}) token {t}: {float(lp[b, i])}, rank {int(ranks[b, i])}")
+                if no_law:
+                    if bool((ids[b, i] != -1).any()):
+                        fail("logprobs: top ids at a position without a law", f"({b}, {i})")
+                    continue
+                order = np.lexsort((np.arange(x.shape[0]), -x.double().numpy()))[:n]
+                want = torch.full((n,), -1, dtype=torch.int64)
+                want[:len(order)] = torch.from_numpy(order)
+                if not torch.equal(ids[b, i], want):
+                    fail("logprobs: top ids are not the n largest logits (ties by id)",
+                         f"({b}, {i}): {ids[b, i].tolist()} vs {want.tolist()}")
+                if t >= x.shape[0]:
+                    continue
+                greedy = processed and Tb == 0
+                if int(ranks[b, i]) != (1 if greedy else int((x >= x[t]).sum())):
+                    fail("logprobs: rank is not the count of logits >= the token's", f"({b}, {i})")
+                if not processed and bool(torch.isfinite(x).all()) and float(x.max() - x.min()) < 80:
+                    ref = float(torch.log_softmax(x.double(), 0)[t])
+                    if abs(float(lp[b, i]) - ref) > 1e-4 + 1e-4 * abs(ref):
+                        fail("logprobs: raw logprob differs from log_softmax", f"({b}, {i}): {float(lp[b, i])} vs {ref}")
+    return Case("logprobs", via, args, call, v, check)
+
+
+# =============================================================================================
 # Targets: one hypothesis search each (run in a subprocess by test_fuzz)
 # =============================================================================================
 # Known-bug reproducers pinned as explicit examples (hypothesis runs them first).
@@ -2491,6 +2609,7 @@ def _build_targets():
         "sample": (sample_cases(), _pinned_sample),
         "sample_alias": (sample_cases(alias=True), None),
         "filtered": (filtered_cases(), None),
+        "logprobs": (logprobs_cases(), None),
         "kv_append_": (kv_append_cases(), _pinned_kv_append_caches),
         "kv_append_alias": (kv_append_cases(alias=True), _pinned_kv_append),
         "kv_rollback_": (kv_rollback_cases(), _pinned_rollback),
@@ -2508,7 +2627,7 @@ def _build_targets():
 
 
 TARGET_NAMES = ["verify", "verify_alias", "verify_tree", "verify_tree_alias", "sample", "sample_alias", "filtered",
-                "kv_append_",
+                "logprobs", "kv_append_",
                 "kv_append_alias", "kv_rollback_", "kv_rollback_alias", "paged_kv_append_", "paged_kv_append_alias",
                 "paged_kv_gather", "paged_kv_gather_alias", "kv_compact_", "kv_compact_alias", "paged_kv_compact_",
                 "paged_kv_compact_alias", "spec_attention_mask"]
