@@ -52,6 +52,22 @@ def test_torch_filter_baseline_matches_the_filtered_law():
         assert torch.equal(kept, torch.from_numpy(filtered_softmax64(x, 1.0, **filt) > 0)), filt
 
 
+def test_bench_filtered_smoke(tmp_path, capsys):
+    from specdec_ext.bench import filtered
+    path = str(tmp_path / "filtered.json")
+    assert bench_main(["filtered", "--device", "cpu", "--quick", "--json", path]) == 0
+    rows = json.load(open(path))["rows"]
+    assert {r["op"] for r in rows} == {"filtered_probs", "logprobs"}
+    assert all(r["fused_s"] > 0 and r["torch_s"] > 0 and r["load_1min"] is not None for r in rows)
+    assert "filtered_probs" in capsys.readouterr().out
+    # the baseline computes the same law as the op it is timed against
+    x = torch.randn(3, 500) * 3
+    torch.testing.assert_close(filtered.torch_filtered_probs(x),
+                               torch.ops.specdec.filtered_probs(x, torch.tensor(filtered.T), torch.tensor(filtered.TOP_K),
+                                                                torch.tensor(filtered.TOP_P), None, False),
+                               atol=1e-6, rtol=1e-4)
+
+
 def test_bench_kv_smoke(tmp_path, capsys):
     path = str(tmp_path / "kv.json")
     assert not bench_main(["kv", "--device", "cpu", "--max-len", "64", "--context", "16", "--min-seconds", "0.001",

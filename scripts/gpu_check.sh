@@ -8,7 +8,7 @@
 #   bash scripts/gpu_check.sh "$OUT"
 #   PREFLIGHT_ONLY=1 bash scripts/gpu_check.sh OUTDIR     (the tool checks only: runs anywhere)
 # time limits (s): preflight 30 (8 + 12 + 2 + 3 + 5), build 130, sass 15, tests 120 + 15, sanitizers 2 x 25,
-# bench verify 90, bench filters 30, bench kv 20, bench e2e 55, ncu 25, targets 10, report 10 (600 s if every
+# bench verify 80, bench filters 30, bench filtered 10, bench kv 20, bench e2e 55, ncu 25, targets 10, report 10 (600 s if every
 # step ran to its limit; expected well under 8 minutes: the build is ~1.5 min, the CUDA tests ~1 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -78,13 +78,17 @@ else
 fi
 
 log "bench verify + sample (cuda): eager, graph replay, %floor, warm + cold"
-timeout 90 "$PY" -m specdec_ext.bench verify --device cuda --B 1 8 64 --K 5 --V 128256 --dtype fp32 bf16 \
+timeout 80 "$PY" -m specdec_ext.bench verify --device cuda --B 1 8 64 --K 5 --V 128256 --dtype fp32 bf16 \
   --sample --cold --json "$OUTDIR/bench_verify.json" > "$OUTDIR/bench_verify.txt" 2>&1
 log "bench verify exit $?"
 log "bench verify --filters (cuda): top-p 0.9 / top-k 50 vs sort-based PyTorch"
 timeout 30 "$PY" -m specdec_ext.bench verify --device cuda --filters-only --B 1 64 --K 5 --V 128256 \
   --json "$OUTDIR/bench_filters.json" > "$OUTDIR/bench_filters.txt" 2>&1
 log "bench filters exit $?"
+log "bench filtered (cuda): filtered_probs vs sample(probs_out=) and PyTorch warpers; logprobs"
+timeout 10 "$PY" -m specdec_ext.bench filtered --device cuda --quick --json "$OUTDIR/bench_filtered.json" \
+  > "$OUTDIR/bench_filtered.txt" 2>&1
+log "bench filtered exit $?"
 log "bench kv (cuda)"
 timeout 20 "$PY" -m specdec_ext.bench kv --device cuda --json "$OUTDIR/bench_kv.json" > "$OUTDIR/bench_kv.txt" 2>&1
 log "bench kv exit $?"

@@ -8,6 +8,8 @@ import sys
 COMMANDS = {
     "verify": ("specdec_ext.bench.verify",
                "the fused verify (and sample) op vs plain PyTorch, torch.compile and FlashInfer"),
+    "filtered": ("specdec_ext.bench.filtered",
+                 "filtered_probs vs sample(probs_out=) and plain PyTorch warpers; logprobs vs log_softmax + topk"),
     "kv": ("specdec_ext.bench.kv",
            "KV-cache append / paged gather ops vs PyTorch indexing and a plain copy of the same bytes"),
     "e2e": ("specdec_ext.bench.e2e",
