@@ -87,11 +87,12 @@ inline constexpr const char* kMaskLogitsSchema =
 // for verify / sample's `logprobs=` (the wrappers pass the ops' own tokens).
 //   logits       [B, P, V] float32|float16|bfloat16 (float32 probabilities with probs_input)
 //   tokens       [B, P] int64|int32: the emitted token per position; < 0 = none: that position
-//                is not read and its outputs are NaN / -1
+//                is not read and its outputs are NaN / -1 (a token >= V: no logprob / rank,
+//                NaN / -1, the top-n still filled)
 //   temperature, top_k, top_p, min_p: as in verify; read for the processed law only
 //   num_top      n in [0, 128]
 //   processed    false: log softmax(logits) at T = 1, no filter ("raw"); true: log of the
-//                temperature-scaled, filtered law (greedy: one-hot at the first argmax)
+//                target's temperature-scaled, filtered law p' (greedy: one-hot at the first argmax)
 // returns token_logprobs [B, P] float32, token_ranks [B, P] int64 (1-based: the tokens whose
 // logit is >= the token's; -1 where no token), top_ids [B, P, n] int64 (the n largest logits,
 // ties by lower id; -1 past V), top_logprobs [B, P, n] float32 (-inf outside the kept set)

@@ -1,9 +1,13 @@
 // specdec::logprobs: the log-probability of the emitted token at each position and the
 // top-n (id, logprob) there, under one of two laws (LogprobParams::processed):
 //   raw:       log softmax(l) at T = 1, no filter (what the model said);
-//   processed: log p' of the law the token was drawn from: softmax(l / T) after the
-//              filters (core/filter_math.h cutoffs), -inf outside the kept set; a greedy
-//              position (T = 0) is one-hot at the first argmax (0 there, -inf elsewhere).
+//   processed: log p', the target's law at the position, which the emitted tokens follow:
+//              softmax(l / T) after the filters (core/filter_math.h cutoffs), -inf outside
+//              the kept set; a greedy position (T = 0) is one-hot at the first argmax (0
+//              there, -inf elsewhere). (A correction token of exact verify is drawn from the
+//              residual max(0, p' - q); its logprob is still the one under p'.)
+// A token >= V (or < 0) at a position has no logprob and no rank (NaN, -1); the top-n of a
+// position with a token >= V is still filled.
 // Top-n: the n largest logits (ties: lower id first; every filter keeps a prefix of that
 // order, so it is also the order of the processed law), found with top-k's cutoff
 // (the n-th largest logit) and sorted by (logit desc, id asc). The token's rank: the number

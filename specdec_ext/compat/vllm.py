@@ -57,7 +57,9 @@ Differences from vLLM, all deliberate:
   filtered law); the ``*_logits`` modes are not offered. Placeholder rows hold -1 ids and
   NaN logprobs (vLLM computes them on token 0 and drops them in ``parse_output``; so does
   the placeholder mask there). They come from :func:`specdec_ext.verify`'s ``logprobs=``:
-  one more launch over the emitted positions, no host sync.
+  one more launch over the emitted positions, no host sync. A greedy row's processed
+  logprobs are one-hot (0 at the argmax, -inf elsewhere: the law that row follows), where
+  vLLM reports the softmax at temperature 1.
 """
 from __future__ import annotations
 
@@ -284,7 +286,7 @@ class RejectionSampler(torch.nn.Module):
 
     def __init__(self, logprobs_mode: str = "raw_logprobs"):
         super().__init__()
-        if logprobs_mode not in _LOGPROBS_MODES:
+        if not isinstance(logprobs_mode, str) or logprobs_mode not in _LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {tuple(_LOGPROBS_MODES)}, got {logprobs_mode!r}")
         self.logprobs_mode = logprobs_mode
         # generator -> how many steps this sampler has drawn for it (its request's offset)

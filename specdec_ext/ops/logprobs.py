@@ -2,9 +2,10 @@
 :func:`sample` return with ``logprobs=n``, and the op's fake kernel.
 
 Two laws (``logprobs_mode``): ``"raw"`` is log softmax(logits) at T = 1 with no filter (what
-the model said); ``"processed"`` is the log of the law the token was drawn from, the
-temperature-scaled and filtered p' (-inf outside the kept set; a greedy row is one-hot at
-its argmax: 0 there). Top-n: the n largest logits per position (ties: lower id first),
+the model said); ``"processed"`` is the log of the target's law p' at the position, which
+the emitted tokens follow: temperature-scaled and filtered (-inf outside the kept set; a
+greedy row is one-hot at its argmax: 0 there; a correction token of exact verify is drawn
+from the residual max(0, p' - q) but reported under p'). Top-n: the n largest logits per position (ties: lower id first),
 found with top-k's counting passes and sorted; every filter keeps a prefix of that order,
 so it is also the processed law's order. Positions without an emitted token are not read:
 NaN / -1 there.
@@ -58,10 +59,15 @@ def logprobs_args(logprobs, logprobs_mode) -> Optional[tuple]:
 @torch.library.register_fake("specdec::logprobs")
 def _logprobs_fake(logits, tokens, temperature, top_k=None, top_p=None, min_p=None, num_top=0, processed=False,
                    probs_input=False):
+    from .sampling import _check_filters_fake  # the one filter check of the sampling fakes
+
     check_devices(logits, "logits", dict(tokens=tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                          min_p=min_p), host_ok=("temperature", "top_k", "top_p", "min_p"))
+    _check_filters_fake(top_k, top_p, min_p)
     check_dim(logits, "logits", 3, "[B, P, V]")
     check_dim(tokens, "tokens", 2, "[B, P]")
+    if tuple(tokens.shape) != tuple(logits.shape[:2]):
+        raise ValueError(f"tokens must be [B, P] = {list(logits.shape[:2])}, got shape {tuple(tokens.shape)}")
     check_dtype(logits, "logits", (torch.float32,) if probs_input else FLOATS)
     check_dtype(tokens, "tokens", INDEX)
     check_dtype(temperature, "temperature", FLOATS + (torch.float64,))

@@ -126,8 +126,10 @@ def verify(
         not read: NaN / -1 there), no host sync.
     logprobs_mode : "raw" | "processed"
         "raw": log softmax(target_logits) at T = 1, no filter. "processed": the log of the
-        law the token was drawn from (temperature, then the filters; -inf outside the kept
-        set; a greedy row is one-hot: 0 at its argmax).
+        target's law p' at that position, the law the emitted tokens follow (temperature, then
+        the filters; -inf outside the kept set; a greedy row is one-hot: 0 at its argmax). A
+        correction token of exact verify is drawn from the residual max(0, p' - q) but its
+        logprob is reported under p'.
 
     Returns
     -------
