@@ -33,8 +33,12 @@ void logprob_position(const LogprobParams& P, int64_t b, int64_t i) {
   const float t = P.temperature.get(b);
   const FilterSpec f = P.filters.get(b);
   PositionLaw law;
-  float m, unused;
-  position_max(row, V, true, false, f, m, law.arg, unused);
+  // the max, and with n < V the n-th largest logit in the same pass (kth_largest); a greedy
+  // law's argmax (the first index of the max) is then the first top-n entry
+  const bool kth = n > 0 && n < V;
+  float m, c = -std::numeric_limits<float>::infinity(), unused;
+  if (kth) c = kth_largest(row, V, n, &m);
+  else position_max(row, V, true, false, f, m, law.arg, unused);
   if (!usable_max(m) || (P.processed && (!valid_temperature(t) || !valid_filter(f)))) return;  // no law: NaN
   law.m = m;
   law.greedy = P.processed && t == 0.0f;
@@ -46,34 +50,33 @@ void logprob_position(const LogprobParams& P, int64_t b, int64_t i) {
     law.cut = cut;
     law.log_s = std::log(st.sum);
   }
-  alignas(64) float buf[kTile];
-  if (token < V) {
-    const float xt = static_cast<float>(row[token]);
-    P.token_logprobs[item] = law.logprob(xt, token);
-    int64_t rank = 0;
-    for (int64_t v0 = 0; v0 < V && !law.greedy; v0 += kTile) {
-      const int64_t cnt = std::min(kTile, V - v0);
-      const float* x = tile_as_float(row, v0, cnt, buf);
-      for (int64_t k = 0; k < cnt; ++k) rank += x[k] >= xt ? 1 : 0;
-    }
-    P.token_ranks[item] = law.greedy ? 1 : rank;
-  }
-  if (n == 0) return;
-  // the n largest logits: all of them >= the n-th largest (top-k's cutoff), ties by id
-  const float c = n < V ? kth_largest(row, V, n) : -std::numeric_limits<float>::infinity();
+  // one pass: the token's rank (logits >= its logit) and the top-n candidates (>= c)
+  const bool has_token = token < V;
+  const float xt = has_token ? static_cast<float>(row[token]) : 0.0f;
+  int64_t rank = 0;
   std::vector<std::pair<float, int64_t>> top;
   top.reserve(static_cast<size_t>(std::min(n, V)));
-  for (int64_t v0 = 0; v0 < V; v0 += kTile) {
-    const int64_t cnt = std::min(kTile, V - v0);
-    const float* x = tile_as_float(row, v0, cnt, buf);
-    for (int64_t k = 0; k < cnt; ++k)
-      if (x[k] >= c) top.emplace_back(x[k], v0 + k);
+  alignas(64) float buf[kTile];
+  if ((has_token && !law.greedy) || n > 0) {
+    for (int64_t v0 = 0; v0 < V; v0 += kTile) {
+      const int64_t cnt = std::min(kTile, V - v0);
+      const float* x = tile_as_float(row, v0, cnt, buf);
+      for (int64_t k = 0; k < cnt; ++k) {
+        rank += x[k] >= xt ? 1 : 0;
+        if (n > 0 && x[k] >= c) top.emplace_back(x[k], v0 + k);
+      }
+    }
   }
   const auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b2) {
     return ranks_before(a.first, a.second, b2.first, b2.second);
   };
   const size_t keep = std::min(top.size(), static_cast<size_t>(n));
   std::partial_sort(top.begin(), top.begin() + keep, top.end(), before);
+  if (kth && law.greedy) law.arg = top[0].second;  // n >= 1: the largest logit, lowest id
+  if (has_token) {
+    P.token_logprobs[item] = law.logprob(xt, token);
+    P.token_ranks[item] = law.greedy ? 1 : rank;
+  }
   for (size_t k = 0; k < keep; ++k) {
     top_id[k] = top[k].second;
     top_lp[k] = law.logprob(top[k].first, top[k].second);
