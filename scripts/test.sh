@@ -45,6 +45,7 @@ ctest --test-dir cpp_tests/build --output-on-failure
 
 echo "[test] Python tests"
 if [ "$QUICK" = 1 ]; then
+  echo "[test] quick tier: SPECDEC_QUICK=1 (reduced chi-square draws and fuzz examples), no SIMT emulation, no wheel route"
   SPECDEC_QUICK=1 .venv/bin/python -m pytest python_tests -q -rs -m "not simt" "$@"
 elif [ $# -eq 0 ]; then
   .venv/bin/python -m pytest python_tests -q -rs -m "not simt"
