@@ -5,17 +5,24 @@ Tests marked ``cuda`` need a GPU and a build with the CUDA kernels; they are ski
 (with the reason) elsewhere. ``pytest -m cuda`` selects exactly them (scripts/gpu_check.sh).
 Tests marked ``simt`` run the CUDA kernels in the SIMT emulation (backends.py);
 ``pytest -m simt`` selects them (scripts/simt_check.sh runs them in each emulator build).
+Under ``SPECDEC_QUICK=1`` (``bash scripts/test.sh --quick``) every test runs, the long
+statistical and fuzz runs at the reduced counts of ``helpers.draws``.
 """
 import pytest
 
 import backends
-from helpers import CUDA, DEVICES
+from helpers import CUDA, DEVICES, QUICK
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a GPU and a build with the CUDA kernels")
     config.addinivalue_line("markers", "simt: runs the CUDA kernels in the SIMT emulation (specdec_ext.testing.simt)")
     config.addinivalue_line("markers", "law: a chi-square goodness-of-fit test (many draws)")
+
+
+def pytest_report_header(config):
+    if QUICK:
+        return "SPECDEC_QUICK=1: the quick tier (long statistical and fuzz runs at reduced counts, helpers.draws)"
 
 
 def pytest_collection_modifyitems(config, items):

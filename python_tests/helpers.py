@@ -1,5 +1,7 @@
 """Shared helpers of the test suite (import as ``from helpers import ...``; the pytest
 fixtures themselves live in conftest.py)."""
+import os
+
 import pytest
 import torch
 
@@ -7,6 +9,22 @@ import specdec_ext
 
 #: a GPU and a build with the CUDA kernels: tests marked ``cuda`` run only then
 CUDA = torch.cuda.is_available() and specdec_ext.has_cuda_kernels()
+
+#: ``SPECDEC_QUICK=1`` (``bash scripts/test.sh --quick``, the edit-test loop): every test
+#: runs, the long statistical and fuzz runs with the reduced counts of draws()
+QUICK = os.environ.get("SPECDEC_QUICK", "0") == "1"
+
+
+def draws(full, quick=None):
+    """The size of a long run (the draws of a chi-square test, the tokens of a long CLI
+    generation): ``full`` in the full suite (what CI runs), ``quick`` (default ``full // 10``)
+    under SPECDEC_QUICK=1. Seeds are fixed, so check that the test passes at both sizes; a
+    chi-square test keeps ALPHA and its merging of cells with expected count < 5 at either,
+    and a power check (p < ALPHA) must still reject at the quick size (else pass a larger
+    ``quick``)."""
+    if not QUICK:
+        return full
+    return full // 10 if quick is None else quick
 
 #: the devices an op test runs on (the CUDA one is marked ``cuda``)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]

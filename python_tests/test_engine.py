@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import specdec_ext
+from helpers import draws
 from specdec_ext import SpecDecMetrics, SpeculativeEngine
 from specdec_ext.engine.adaptive_k import StepCosts
 from stats_reference import ALPHA, chi_square_pvalue
@@ -28,7 +29,7 @@ def test_first_two_tokens_follow_the_target_exactly(temperature, k, adaptive):
     target's, enumerated exactly (chi-square at ALPHA, 36 cells)."""
     target_t, draft_t = _tables(1), _tables(2) * 0.5 + _tables(1) * 0.5   # correlated draft
     target, draft = BigramModel(target_t), BigramModel(draft_t)
-    N, x0 = 20_000, 3
+    N, x0 = draws(20_000), 3
     ids = torch.full((N, 2), x0, dtype=torch.int64)
     out = SpeculativeEngine(target, draft, k=k, adaptive_k=adaptive).generate(ids, 2, temperature=temperature,
                                                                               seed=11)
@@ -45,7 +46,7 @@ def test_first_two_tokens_follow_the_target_exactly(temperature, k, adaptive):
 def test_sampling_law_detects_a_wrong_engine():
     """Power check: sampling the draft's tokens without verification fails the same test."""
     target_t, draft_t = _tables(1), _tables(2)
-    N, x0 = 20_000, 3
+    N, x0 = draws(20_000), 3
     draft = BigramModel(draft_t)
     ids = torch.full((N, 2), x0, dtype=torch.int64)
     out = SpeculativeEngine(draft, copy.deepcopy(draft), k=2, adaptive_k=False).generate(ids, 2, temperature=1.0,

@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from helpers import hf_fresh_prefill, ragged_prompts
+from helpers import draws, hf_fresh_prefill, ragged_prompts
 from specdec_ext import SpeculativeEngine
 from specdec_ext.errors import CacheFullError
 from specdec_ext.models import adapt
@@ -103,7 +103,7 @@ def test_per_row_path_is_still_exact(pair):
 def test_first_two_tokens_follow_the_target_law():
     """20k rows of one prompt through the batched HF path at T = 1: the joint law of the
     first two tokens equals the target's, computed from the HF model (chi-square at ALPHA)."""
-    V, N, prompt = 6, 20_000, [3, 1, 4]
+    V, N, prompt = 6, draws(20_000), [3, 1, 4]
 
     def peaked(seed):
         m = _model("llama", seed, vocab=V, hidden=16, layers=1)

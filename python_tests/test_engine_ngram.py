@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import ragged_prompts
+from helpers import draws, ragged_prompts
 from specdec_ext import SpeculativeEngine
 from specdec_ext.engine.ngram import NgramIndex
 from stats_reference import ALPHA, chi_square_pvalue
@@ -78,7 +78,7 @@ def test_first_two_tokens_follow_the_target_exactly(drafter):
     """The exact law at T = 1: 20k rows of a prompt that holds a repeated bigram, so the
     n-gram drafter proposes at the first two positions (chi-square at ALPHA, 36 cells)."""
     t = _table(1)
-    N = 20_000
+    N = draws(20_000)
     prompt = torch.tensor([3, 4, 3])  # after "3" the index proposes 4
     ids = prompt.repeat(N, 1)
     draft = None if drafter == "ngram" else BigramModel(_table(2))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import assert_cache_matches_prefill, near_copy, ragged_prompts, reference_model, tiny_llama
+from helpers import assert_cache_matches_prefill, draws, near_copy, ragged_prompts, reference_model, tiny_llama
 import specdec_ext
 from specdec_ext import SpecDecMetrics, SpeculativeEngine
 from specdec_ext.engine import phases
@@ -131,7 +131,7 @@ def test_exact_mode_text_depends_on_k(llamas):
 
 # ---------------------------------------------------------------- HF agreement
 PROMPT = [5, 17, 42]
-N = 20_000
+N = draws(20_000)
 
 
 def _hf_law(model, temperature, top_k, top_p):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import specdec_ext
+from helpers import draws
 from stats_reference import ALPHA, chi_square_pvalue, filtered_softmax64
 
 # dyadic probabilities: their logs round-trip through exp((l - max) / 1) exactly in float32,
@@ -104,7 +105,7 @@ def nan_in_q_outside_the_kept_set(backend):
 @pytest.mark.parametrize("case", ["top_p", "dyadic", "tiny_t", "nan_q"])
 def test_filter_boundaries_cpu(device, case):
     {"top_p": lambda: top_p_mass_on_the_boundary(device, 4000), "dyadic": lambda: dyadic_cutoffs(device),
-     "tiny_t": lambda: tiny_temperature_is_not_greedy(device, 20_000),
+     "tiny_t": lambda: tiny_temperature_is_not_greedy(device, draws(20_000)),
      "nan_q": lambda: nan_in_q_outside_the_kept_set(device)}[case]()
 
 
@@ -123,7 +124,7 @@ def test_verify_keeps_ties_at_the_top_k_boundary(device):
     against the closed form with the sort-based p')."""
     from stats_reference import joint_counts, verify_joint
 
-    n, T = 60_000, 1.0
+    n, T = draws(60_000), 1.0
     row = torch.tensor([1.0, 2.0, 3.0, 2.0, 0.0, 2.0]).log1p()
     logits = torch.stack([row, row.flip(0)])            # [K+1 = 2, V = 6]
     p = filtered_softmax64(logits, T, top_k=2)

@@ -32,8 +32,9 @@ Which calls must be refused, may be refused, or must succeed (see ``Verdict``):
 
 Crash isolation: ``test_fuzz[target]`` runs ``python test_fuzz_ops.py <target>`` in a
 subprocess (two at a time), so a segfault is a test failure naming the op, the signal and
-the last example tried. Profiles: ``ci`` (default: 200 examples per target, derandomized)
-and ``long`` (``SPECDEC_FUZZ_PROFILE=long``: 5000 examples, random).
+the last example tried. Profiles: ``ci`` (default: 200 examples per target, derandomized),
+``quick`` (the default under ``SPECDEC_QUICK=1``, ``scripts/test.sh --quick``: ci with
+QUICK_EXAMPLES examples) and ``long`` (``SPECDEC_FUZZ_PROFILE=long``: 5000 examples, random).
 
 Run:  pytest python_tests/test_fuzz_ops.py -q
       SPECDEC_FUZZ_PROFILE=long pytest python_tests/test_fuzz_ops.py -q
@@ -63,16 +64,20 @@ from compact_reference import BITS, ref_compact, ref_paged_compact, row_error  #
 from fuzz_strategies import (FLOAT_DTYPES, INT64_MAX, INT64_MIN, TEMPERATURES, Snapshot, alias_pair,  # noqa: E402
                              describe, float_dtype, float_values, index_dtype, index_value, internal_overlap,
                              overlaps, prob_values, size, tensors)
+from helpers import QUICK  # noqa: E402
 
-PROFILE = os.environ.get("SPECDEC_FUZZ_PROFILE", "ci")
+QUICK_EXAMPLES = 30
+PROFILE = os.environ.get("SPECDEC_FUZZ_PROFILE", "quick" if QUICK else "ci")
 _COMMON = dict(deadline=None, database=None, print_blob=False,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
                                       HealthCheck.large_base_example])
 # ci: exactly 200 fixed examples per target; every kind of failure is reported with the shortest
 #     example that showed it (no hypothesis shrinking, so a broken build stays fast).
 # shrink: the same search with hypothesis' shrinking (minimal reproducers, slower).
+# quick: ci with QUICK_EXAMPLES per target (the default under SPECDEC_QUICK=1: scripts/test.sh --quick).
 # long: 5000 random examples per target, shrunk.
 settings.register_profile("ci", max_examples=200, derandomize=True, **_COMMON)
+settings.register_profile("quick", max_examples=QUICK_EXAMPLES, derandomize=True, **_COMMON)
 settings.register_profile("shrink", max_examples=200, derandomize=True, **_COMMON)
 settings.register_profile("shrink", max_examples=200, derandomize=True, **_COMMON)
 settings.register_profile("long", max_examples=5000, **_COMMON)
@@ -2640,7 +2645,7 @@ def run_target(name: str) -> int:
     torch.set_num_threads(1)
     strategy, pinned = _build_targets()[name]
     failures = []  # (exception, notes)
-    if PROFILE == "ci":  # collect every kind of failure, keep the shortest example of each
+    if PROFILE in ("ci", "quick"):  # collect every kind of failure, keep the shortest example of each
         seen: Dict[type, tuple] = {}
 
         def collect(case):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import stats_reference
+from helpers import draws
 
 OPS = torch.ops.specdec
 
@@ -138,7 +139,7 @@ def test_denormal_temperature_is_invalid(variant):
 @pytest.mark.parametrize("T", [1e-3, 1e3])
 def test_sample_law_at_extreme_temperatures(T, variant):
     """Logits scaled with T, so l / T has O(1) spread: the law must still be exact."""
-    V, N = 37, 100_000
+    V, N = 37, draws(100_000)
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(V, generator=g) * 2.0 * T + 5.0 * T
     L = logits.to(variant).unsqueeze(0).expand(N, V)
@@ -151,7 +152,7 @@ def test_sample_law_at_extreme_temperatures(T, variant):
 @pytest.mark.parametrize("T", [1e-3, 1e3])
 @pytest.mark.parametrize("dense_q", [False, True])
 def test_verify_law_at_extreme_temperatures(T, dense_q, variant):
-    K, V, N = 2, 37, 100_000
+    K, V, N = 2, 37, draws(100_000)
     g = torch.Generator().manual_seed(4)
     logits = torch.randn(K + 1, V, generator=g) * 2.0 * T - 3.0 * T
     q = torch.softmax(torch.randn(K, V, generator=g) * 2.0, -1)

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 import specdec_ext
+from helpers import draws
 from stats_reference import ALPHA, chi_square_pvalue, joint_counts, softmax64, verify_joint
 
-N_DRAWS = 100_000
+N_DRAWS = draws(100_000)
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -133,7 +134,7 @@ def test_sample_distribution_large_vocab(device):
     V = 151936
     g = torch.Generator().manual_seed(11)
     logits = torch.randn(V, generator=g) * 4.0
-    L = logits.to(device).unsqueeze(0).expand(20_000, V)
+    L = logits.to(device).unsqueeze(0).expand(draws(20_000), V)
     tokens = specdec_ext.sample(L, 1.0, seed=8).cpu()
     counts = torch.bincount(tokens, minlength=V).numpy()
     assert chi_square_pvalue(counts, softmax64(logits, 1.0)) > ALPHA

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 import specdec_ext
+from helpers import draws
 from stats_reference import ALPHA, chi_square_pvalue, filtered_softmax64, joint_counts, verify_joint
 
-N_DRAWS = 60_000
+N_DRAWS = draws(60_000)
 
 FILTERS = {
     "top_k": dict(top_k=5),
@@ -151,7 +152,7 @@ def test_ragged_rows_mix_greedy_one_hot_and_dense(device):
     K, V = 2, 25
     logits = _logits(K + 1, V, seed=41)
     q, draft = _filtered_draft(K, V, {}, seed=43)
-    n = 30_000
+    n = draws(30_000)
     temps = torch.tensor([0.0, 1.0, 1.0]).repeat(n // 3)
     nd = torch.tensor([2, 1, 2]).repeat(n // 3)
     res = specdec_ext.verify(_expand(logits, n).to(device), _expand(draft, n).to(device), _expand(q, n).to(device),

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import draws
 from specdec_ext.bench.tree_baseline import verify_tree_torch
 from stats_reference import ALPHA, chi_square_pvalue
 
@@ -112,7 +113,7 @@ def test_baseline_matches_enumeration(mode, temperature):
     ids = [0, 1, 1, 0, 2, 1] if mode == "sampled" else [0, 1, 2, 0, 2, 1]
     p = torch.softmax(logits / temperature, -1).numpy()
     law = exact_law(p, q.numpy() if mode == "sampled" else None, ids, PARENTS)
-    B = 30000
+    B = draws(30000)
     tokens, path, num_accepted, valid = verify_tree_torch(
         logits.float().expand(B, -1, -1), torch.tensor(ids).expand(B, -1), PARENTS,
         q.float().expand(B, -1, -1) if mode == "sampled" else None, temperature,

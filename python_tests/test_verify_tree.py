@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import specdec_ext
-from helpers import draft_inputs
+from helpers import draft_inputs, draws
 from stats_reference import ALPHA, chi_square_pvalue
 from tree_cases import bfs_parents, chain_parents, draw_trees, first_two, joint_law, node_paths, table
 
@@ -53,21 +53,21 @@ def test_emitted_tokens_follow_the_target_law(case):
     the target where a row stopped after one) against P(t1) P(t2 | t1) of the (filtered)
     target, 40000 random trees per case: i.i.d. sampled children (repeats happen often at
     V = 6), the draft's top candidates, explicitly repeated candidates, and filters."""
-    assert tree_law_pvalue(specdec_ext.verify_tree, 40_000, case, seed=11) > ALPHA
+    assert tree_law_pvalue(specdec_ext.verify_tree, draws(40_000), case, seed=11) > ALPHA
 
 
 @LAW
 def test_the_tree_law_tests_have_power():
     """At the same draw count the chi-square rejects a biased walk: the draft's top
     candidates verified as i.i.d. draws from its law."""
-    assert tree_law_pvalue(specdec_ext.verify_tree, 40_000, "sampled_3x2", seed=11, wrong_mode=True) < ALPHA
+    assert tree_law_pvalue(specdec_ext.verify_tree, draws(40_000), "sampled_3x2", seed=11, wrong_mode=True) < ALPHA
 
 
 @LAW
 def test_tree_acceptance_is_higher_than_a_chain():
     """The point of a tree: with the same draft law, a 3-way root accepts at least one token
     more often than a single draft (chain of depth 2 vs tree (3, 2))."""
-    V, n, T = 6, 20_000, 1.0
+    V, n, T = 6, draws(20_000), 1.0
     target, draft = table(V, 2, 1.3, 5), table(V, 2, 1.3, 6)
     acc = {}
     for name, branching in (("chain", (1, 1)), ("tree", (3, 2))):

@@ -5,8 +5,21 @@
 # wheel route (scripts/wheel_check.sh). Tests
 # marked cuda skip on a machine without a GPU; arguments go to the main pytest run, and
 # with any argument the emulation step is skipped (a quick, partial run).
+#
+# --quick (the edit-test loop; CI runs the full command): the same setup and C++ tests,
+# then EVERY test of the main pytest run (-m "not simt") with SPECDEC_QUICK=1, under which
+# the long chi-square and fuzz runs use reduced counts (python_tests/helpers.py: draws();
+# the fuzz suite's "quick" hypothesis profile). Left out: the simt-marked tests and
+# scripts/simt_check.sh (they JIT-compile the SIMT emulator builds: minutes) and the wheel
+# route. Arguments after --quick go to that pytest run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+QUICK=0
+if [ "${1:-}" = "--quick" ]; then
+  QUICK=1
+  shift
+fi
 
 if [ "${CI:-}" = "true" ] && command -v nvcc >/dev/null 2>&1; then
   export SPECDEC_FORCE_CUDA=1   # CI: CUDA code that does not compile fails the run
@@ -31,7 +44,10 @@ cmake --build cpp_tests/build -j2 >/dev/null
 ctest --test-dir cpp_tests/build --output-on-failure
 
 echo "[test] Python tests"
-if [ $# -eq 0 ]; then
+if [ "$QUICK" = 1 ]; then
+  echo "[test] quick tier: SPECDEC_QUICK=1 (reduced chi-square draws and fuzz examples), no SIMT emulation, no wheel route"
+  SPECDEC_QUICK=1 .venv/bin/python -m pytest python_tests -q -rs -m "not simt" "$@"
+elif [ $# -eq 0 ]; then
   .venv/bin/python -m pytest python_tests -q -rs -m "not simt"
   bash scripts/simt_check.sh
   echo "[test] the wheel route: build a wheel (CPU kernels), install it into a fresh venv, use it"
