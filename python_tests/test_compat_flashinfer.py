@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import draws
 from specdec_ext.compat import flashinfer as fi
 from stats_reference import ALPHA, chi_square_pvalue, filtered_softmax64, joint_counts, verify_joint
 
-N_DRAWS = 40_000
+N_DRAWS = draws(40_000)
 
 
 # ---- inputs (the shapes of FlashInfer's test distributions, small) ----

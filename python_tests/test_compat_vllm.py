@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import specdec_ext
+from helpers import draws
 import specdec_ext.ops.sampling as sampling_ops
 from specdec_ext.compat.vllm import (PLACEHOLDER_TOKEN_ID, RejectionSampler, SamplerOutput, SamplingMetadata,
                                      SpecDecodeMetadata)
@@ -208,7 +209,7 @@ def test_rejection_sampling_approximates_target_distribution():
     request the same) as a chi-square test: the first emitted token of each request (an
     accepted draft or the recovered token) follows softmax(target logits) exactly. 20000
     requests, fixed seeds, every cell's expected count >= 5, ALPHA = 1e-3."""
-    V, K, N = 10, 2, 20000
+    V, K, N = 10, 2, draws(20000)
     g = torch.Generator().manual_seed(7)
     q = torch.softmax(torch.rand(V, generator=g), -1)
     target = torch.rand(V, generator=g)
@@ -244,7 +245,7 @@ def test_emitted_law_matches_the_filtered_target_law():
     request types interleaved in one ragged batch (3, 1 and 0 drafts; vLLM-style per-request
     temperature, top_k (vLLM's "off" = V too), top_p, min_p). Chi-square per type, cells
     with expected count < 5 merged, ALPHA = 1e-3, fixed seeds."""
-    V, N = 12, 6000
+    V, N = 12, draws(6000, 2000)
     g = torch.Generator().manual_seed(21)
     types = {  # n drafts, temperature, top_k, top_p, min_p
         0: (3, 0.8, 6, 1.0, 0.0),

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import specdec_ext
+from helpers import draws
 from stats_reference import ALPHA, chi_square_pvalue, filtered_softmax64, joint_counts, verify_joint
 
 FILTERS = [dict(), dict(top_k=5), dict(top_p=0.7), dict(min_p=0.05), dict(top_k=20, top_p=0.9, min_p=0.01)]
@@ -235,7 +236,7 @@ def test_probs_input_sample_law(filters):
     """sample(p, probs_input=True) draws from p / sum(p) (after the filters): chi-square at
     ALPHA with 40k draws over V = 8 (unnormalised p, a zero entry)."""
     p = torch.tensor([0.30, 0.0, 0.55, 0.05, 0.40, 0.10, 0.25, 0.35])
-    n = 40_000
+    n = draws(40_000)
     tokens = specdec_ext.sample(p.expand(n, -1).contiguous(), 1.0, seed=123, probs_input=True, **filters)
     counts = np.bincount(tokens.numpy(), minlength=8)
     expected = filtered_softmax64(torch.log(p.double()), 1.0, **filters)
@@ -247,7 +248,7 @@ def test_probs_input_sample_law(filters):
 def test_probs_input_verify_law():
     """verify on target probabilities with probs_input: the joint law of (accepted, emitted
     token) is the closed form on p / sum(p); chi-square at ALPHA, 40k rows, K = 2, V = 6."""
-    K, V, n = 2, 6, 40_000
+    K, V, n = 2, 6, draws(40_000)
     g = torch.Generator().manual_seed(9)
     target = torch.rand(K + 1, V, generator=g) * 3
     target[1, 4] = 0.0
