@@ -39,6 +39,12 @@ namespace specdec::schemas {
 //   probs_input     true: target_logits holds PROBABILITIES (float32 only, >= 0, any scale), read
 //                   as log p where a logit is read (core/prob_input.h): no separate log pass;
 //                   p = 0 is -inf, a negative / NaN / +inf p makes the row invalid
+//   token_logprobs  [B, K+1] float32 contiguous, or None: written in place with the logprob of
+//                   each emitted token (NaN past them and for an invalid row), computed from the
+//                   softmax stats the kernel takes of that position anyway (core/logprob_math.h
+//                   emitted_logprob): no further pass over the logits
+//   logprobs_processed  token_logprobs' law: false = raw (log softmax at T = 1, no filter: its
+//                   sum is taken in the same stats pass), true = the target's law p' (logprobs)
 // A row is invalid (tokens -1, num_accepted 0, valid false) exactly for NaN / +inf logits at
 // positions 0..num_drafts[b], all -inf logits at a used position, an unusable temperature or
 // filter value, num_drafts[b] outside [0, K], a draft id outside [0, V) among the tested ones
@@ -48,8 +54,8 @@ namespace specdec::schemas {
 inline constexpr const char* kVerifySchema =
     "verify(Tensor target_logits, Tensor draft_token_ids, Tensor? draft_probs, "
     "Tensor temperature, Tensor seed, Tensor offset, Tensor? top_k=None, Tensor? top_p=None, "
-    "Tensor? min_p=None, Tensor? num_drafts=None, bool coupled=False, bool probs_input=False) "
-    "-> (Tensor, Tensor, Tensor)";
+    "Tensor? min_p=None, Tensor? num_drafts=None, bool coupled=False, bool probs_input=False, "
+    "Tensor(a!)? token_logprobs=None, bool logprobs_processed=False) -> (Tensor, Tensor, Tensor)";
 
 // Fused draft-step sampler: temperature softmax + one draw per row.
 //   logits      [B, V] float32|float16|bfloat16 (any row stride)
@@ -58,12 +64,14 @@ inline constexpr const char* kVerifySchema =
 //               (may be a strided slice such as draft_probs[:, i]), or None
 //   top_k, top_p, min_p as in verify: the draw and probs_out follow the filtered law q'
 //   probs_input as in verify (logits holds float32 probabilities)
+//   token_logprobs [B] float32 contiguous, or None; logprobs_processed: as in verify (the
+//               sampled token's logprob from the row's stats; NaN for an invalid row)
 // returns tokens [B] int64 (-1 for a row with NaN / +inf / all -inf logits or an unusable
 // temperature or filter value; such a row's probs_out is all 0)
 inline constexpr const char* kSampleSchema =
     "sample(Tensor logits, Tensor temperature, Tensor seed, Tensor offset, "
     "Tensor(a!)? probs_out, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
-    "bool probs_input=False) -> Tensor";
+    "bool probs_input=False, Tensor(b!)? token_logprobs=None, bool logprobs_processed=False) -> Tensor";
 
 // The filtered law of each row WITHOUT a draw: sample's passes up to the race, the same
 // cutoffs (core/filter_math.h) and the same arithmetic, so the result is bit for bit what
@@ -83,8 +91,10 @@ inline constexpr const char* kMaskLogitsSchema =
     "mask_logits(Tensor logits, Tensor temperature, Tensor? top_k=None, Tensor? top_p=None, "
     "Tensor? min_p=None) -> Tensor";
 
-// Log-probabilities of the emitted tokens and the top-n per position (core/logprob_math.h),
-// for verify / sample's `logprobs=` (the wrappers pass the ops' own tokens).
+// Log-probabilities of the emitted tokens, their ranks and the top-n per position
+// (core/logprob_math.h): the ranks and top-n of verify / sample's `logprobs=n` with n > 0 (the
+// wrappers pass the ops' own tokens; the emitted tokens' logprobs come from the ops' own
+// token_logprobs output, which equals this op's token_logprobs on the CPU bit for bit).
 //   logits       [B, P, V] float32|float16|bfloat16 (float32 probabilities with probs_input)
 //   tokens       [B, P] int64|int32: the emitted token per position; < 0 = none: that position
 //                is not read and its outputs are NaN / -1 (a token >= V: no logprob / rank,

@@ -173,6 +173,25 @@ void tree_parents_arg(const at::Tensor& parents, const at::Tensor& logits, int64
   P.parents_stride_b = c.dim() == 2 ? N : 0;
 }
 
+// The optional token_logprobs output: float32, contiguous, of `shape`, on the data's device,
+// sharing no byte with what the op reads or with its other output (probs_out).
+EmittedLogprobs token_logprobs_arg(const TokenLogprobsArg& a, at::IntArrayRef shape, const char* shape_text,
+                                   const at::Tensor& ref, std::initializer_list<args::Named> read,
+                                   const std::optional<at::Tensor>& probs_out = std::nullopt) {
+  EmittedLogprobs L;
+  L.processed = a.processed;
+  if (!a.out.has_value()) return L;
+  const at::Tensor& o = *a.out;
+  TORCH_CHECK_TYPE(o.scalar_type() == at::kFloat, "token_logprobs must be float32, got ", o.scalar_type());
+  TORCH_CHECK_VALUE(o.sizes() == shape, "token_logprobs must be ", shape_text, " = ", shape, ", got shape ",
+                    o.sizes());
+  check_device(o, ref, "token_logprobs", "the logits");
+  TORCH_CHECK_VALUE(o.is_contiguous(), "token_logprobs must be contiguous, got strides ", o.strides());
+  args::check_writes({args::named(o, "token_logprobs"), args::named(probs_out, "probs_out")}, read);
+  L.out = o.mutable_data_ptr<float>();
+  return L;
+}
+
 }  // namespace
 
 VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
@@ -180,7 +199,7 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
                             const at::Tensor& temperature, const at::Tensor& seed,
                             const at::Tensor& offset, const SamplingFilters& filters,
                             const std::optional<at::Tensor>& num_drafts, bool coupled, bool probs_input,
-                            HostChecks checks) {
+                            const TokenLogprobsArg& token_logprobs, HostChecks checks) {
   VerifyLaunch L;
   VerifyParams& P = L.params;
   TORCH_CHECK_VALUE(target_logits.dim() == 3, "target_logits must be [B, K+1, V], got shape ", target_logits.sizes());
@@ -228,6 +247,12 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
     P.num_drafts_stride = c.stride(0);
   }
   P.coupled = coupled;
+  P.logprobs = token_logprobs_arg(
+      token_logprobs, {B, K + 1}, "[B, K+1]", target_logits,
+      {args::named(target_logits, "target_logits"), args::named(draft_token_ids, "draft_token_ids"),
+       args::named(draft_probs, "draft_probs"), args::named(temperature, "temperature"), args::named(seed, "seed"),
+       args::named(offset, "offset"), args::named(filters.top_k, "top_k"), args::named(filters.top_p, "top_p"),
+       args::named(filters.min_p, "min_p"), args::named(num_drafts, "num_drafts")});
 
   const auto long_opts = target_logits.options().dtype(at::kLong);
   L.tokens = at::empty({B, K + 1}, long_opts);
@@ -332,7 +357,7 @@ SampleLaunch prepare_filtered(const at::Tensor& logits, const at::Tensor& temper
 SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperature,
                             const at::Tensor& seed, const at::Tensor& offset,
                             const std::optional<at::Tensor>& probs_out, const SamplingFilters& filters,
-                            bool probs_input, HostChecks checks) {
+                            bool probs_input, const TokenLogprobsArg& token_logprobs, HostChecks checks) {
   SampleLaunch L;
   sample_rows_arg(logits, temperature, filters, probs_input, checks, L);
   SampleParams& P = L.params;
@@ -355,6 +380,12 @@ SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperat
     P.probs_out = o.mutable_data_ptr<float>();
     P.probs_stride_b = o.stride(0);
   }
+  P.logprobs = token_logprobs_arg(
+      token_logprobs, {B}, "[B]", logits,
+      {args::named(logits, "logits"), args::named(temperature, "temperature"), args::named(seed, "seed"),
+       args::named(offset, "offset"), args::named(filters.top_k, "top_k"), args::named(filters.top_p, "top_p"),
+       args::named(filters.min_p, "min_p")},
+      probs_out);
   L.tokens = at::empty({B}, logits.options().dtype(at::kLong));
   P.tokens = L.tokens.mutable_data_ptr<int64_t>();
   return L;

@@ -40,6 +40,12 @@ struct SampleLaunch {
   std::vector<at::Tensor> keep_alive;
 };
 
+// verify / sample's optional token_logprobs output (op_schemas.h) and its law.
+struct TokenLogprobsArg {
+  std::optional<at::Tensor> out;  // verify: [B, K+1], sample: [B]; float32, contiguous
+  bool processed = false;
+};
+
 // What filtered_probs / mask_logits write.
 enum class FilteredOutput { kProbs, kMask };
 
@@ -48,6 +54,7 @@ VerifyLaunch prepare_verify(const at::Tensor& target_logits, const at::Tensor& d
                             const at::Tensor& temperature, const at::Tensor& seed,
                             const at::Tensor& offset, const SamplingFilters& filters,
                             const std::optional<at::Tensor>& num_drafts, bool coupled, bool probs_input,
+                            const TokenLogprobsArg& token_logprobs = {},
                             HostChecks checks = HostChecks::kCpuTensors);
 
 struct TreeVerifyLaunch {
@@ -70,7 +77,8 @@ TreeVerifyLaunch prepare_verify_tree(const at::Tensor& target_logits, const at::
 SampleLaunch prepare_sample(const at::Tensor& logits, const at::Tensor& temperature,
                             const at::Tensor& seed, const at::Tensor& offset,
                             const std::optional<at::Tensor>& probs_out, const SamplingFilters& filters,
-                            bool probs_input, HostChecks checks = HostChecks::kCpuTensors);
+                            bool probs_input, const TokenLogprobsArg& token_logprobs = {},
+                            HostChecks checks = HostChecks::kCpuTensors);
 
 // filtered_probs (kProbs: params.probs_out) / mask_logits (kMask: params.masked_out, the
 // logits' dtype; the wrapper never passes probs_input with it): out [B, V] contiguous, no

@@ -24,7 +24,7 @@ import specdec_ext
 SIMT_SCHEDULES = tuple(os.environ.get("SPECDEC_SIMT_SCHEDULES", "1,2,3").split(","))
 
 # the arguments each op writes (restored before each schedule, compared after)
-_MUTATED = {"verify": (), "sample": ("probs_out",), "filtered_probs": (), "mask_logits": (), "verify_tree": (), "kv_append_": ("key_cache", "value_cache", "overflow"),
+_MUTATED = {"verify": ("token_logprobs",), "sample": ("probs_out", "token_logprobs"), "filtered_probs": (), "mask_logits": (), "verify_tree": (), "kv_append_": ("key_cache", "value_cache", "overflow"),
             "kv_rollback_": ("lengths", "invalid"), "paged_kv_append_": ("key_cache", "value_cache", "invalid"),
             "paged_kv_gather": ("out",), "kv_compact_": ("key_cache", "value_cache", "invalid"),
             "paged_kv_compact_": ("key_cache", "value_cache", "invalid")}

@@ -57,7 +57,8 @@ def test_bench_filtered_smoke(tmp_path, capsys):
     path = str(tmp_path / "filtered.json")
     assert bench_main(["filtered", "--device", "cpu", "--quick", "--json", path]) == 0
     rows = json.load(open(path))["rows"]
-    assert {r["op"] for r in rows} == {"filtered_probs", "logprobs"}
+    assert {r["op"] for r in rows} == {"filtered_probs", "logprobs", "verify+logprobs"}
+    assert all(r["verify_s"] > 0 and 0 <= r["alpha"] <= 1 for r in rows if r["op"] == "verify+logprobs")
     assert all(r["fused_s"] > 0 and r["torch_s"] > 0 and r["load_1min"] is not None for r in rows)
     assert "filtered_probs" in capsys.readouterr().out
     # the baseline computes the same law as the op it is timed against

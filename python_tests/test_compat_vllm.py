@@ -433,14 +433,15 @@ def test_equals_a_direct_verify_call(with_probs):
     assert torch.equal(got.valid, ref.valid)
 
 
+@pytest.mark.parametrize("n", [4, 0])
 @pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
-def test_logprobs_tensors_layout(mode):
+def test_logprobs_tensors_layout(mode, n):
     """max_num_logprobs = n: vLLM's LogprobsTensors, one row per (request, output position):
     column 0 the sampled token and its logprob, then verify's top-n, and the rank; the
     placeholder rows -1 / NaN; the values are verify(..., logprobs=n)'s on the packed inputs,
     and the raw law is log_softmax of the target logits."""
     md, q, logits, seeds = _seeded_step(B=6, K=3, V=50, seed=21)
-    B, K1, n = 6, md.max_spec_len + 1, 4
+    B, K1 = 6, md.max_spec_len + 1
     temp = torch.tensor([0.8, 0.0, 1.0, 1.2, 0.5, 1.0])
     top_k = torch.tensor([0, 5, 0, 10, 0, 0])
     sm = SamplingMetadata(temperature=temp, all_greedy=False, all_random=False, top_k=top_k, max_num_logprobs=n)
@@ -458,7 +459,7 @@ def test_logprobs_tensors_layout(mode):
     ref, lp = specdec_ext.verify(L, D, Q, temp, top_k=top_k, num_drafts=nd, seed=seeds, offset=3, logprobs=n,
                                  logprobs_mode=mode.split("_")[0])
     assert torch.equal(ref.tokens.to(torch.int32).view(-1), ids)
-    assert torch.equal(t.logprob_token_ids[:, 1:], lp.top_ids.view(-1, n).to(torch.int32))
+    assert torch.equal(t.logprob_token_ids[:, 1:], lp.top_ids.reshape(B * K1, n).to(torch.int32))
     torch.testing.assert_close(t.logprobs, torch.cat([lp.token_logprobs.unsqueeze(-1), lp.top_logprobs], -1)
                                .view(-1, n + 1), atol=0, rtol=0, equal_nan=True)
     if mode == "raw_logprobs":
@@ -466,6 +467,9 @@ def test_logprobs_tensors_layout(mode):
         keep = ~placeholder
         want = full[keep].gather(1, ids[keep].long().view(-1, 1)).view(-1)
         torch.testing.assert_close(t.logprobs[keep, 0].double(), want, atol=1e-5, rtol=1e-5)
+        flat = L.view(B * K1, -1)[keep]
+        rank = (flat >= flat.gather(1, ids[keep].long().view(-1, 1))).sum(1)  # vLLM's selected_token_ranks
+        assert torch.equal(t.selected_token_ranks[keep], rank)
 
 
 def test_logprobs_mode_must_be_a_vllm_mode():

@@ -791,12 +791,52 @@ def verify_cases(draw, alias: bool = False):
     args = dict(target_logits=logits, draft_token_ids=ids, draft_probs=probs, temperature=temperature, seed=seed,
                 offset=offset, **filters, num_drafts=num_drafts)
     args["coupled" if via == "raw" else "mode"] = mode
+    args.update(logprobs_draw(draw, via))
     how = None
     if alias:
         if seed is None:
             args["seed"] = seed = 1  # the clone comparison needs a fixed seed
         args, how = draw(alias_some_pair(args, list(ARG_NAMES["verify"])))
     return make_verify_case(via, args, how)
+
+
+def logprobs_draw(draw, via) -> Dict[str, Any]:
+    """The wrappers' logprobs=0 (the kernel's own token_logprobs) in a third of the wrapper calls."""
+    if via != "wrapper" or draw(st.integers(0, 2)):
+        return {}
+    return dict(logprobs=0, logprobs_mode=draw(st.sampled_from(["raw", "processed"])))
+
+
+def logprobs_kwargs(a) -> Dict[str, Any]:
+    return {k: a[k] for k in ("logprobs", "logprobs_mode") if k in a}
+
+
+def check_token_logprobs(what, lp, tokens, pre, a, t_py, logits_name):
+    """token_logprobs of a wrapper call with logprobs=0: NaN exactly where no token was emitted,
+    and elsewhere bit for bit what the separate specdec::logprobs op gives for the same tokens
+    (the CPU kernels share its formula and its sums)."""
+    if lp.token_ranks is not None or lp.top_ids.shape[-1] != 0:
+        fail(f"{what}: logprobs=0 returned ranks or a top-n", describe_out(lp))
+    got = lp.token_logprobs
+    if got.dtype != torch.float32 or got.shape != tokens.shape:
+        fail(f"{what}: token_logprobs metadata", f"{describe(got)} for tokens {tuple(tokens.shape)}")
+    x = pre[logits_name]
+    x = x.float() if x.dtype == torch.float64 else x  # as the wrapper converts
+    if x.dim() == 2:
+        x, tok, got = x.unsqueeze(1), tokens.unsqueeze(1), got.unsqueeze(1)
+    else:
+        tok = tokens
+    t = pre["temperature"] if "temperature" in pre else torch.tensor(float(t_py))
+    ref = ops().logprobs(x, tok, t.float() if t.dtype == torch.float64 else t,
+                         *(raw_filter_as_wrapper(a, pre, name) for name in FILTER_NAMES), 0,
+                         a["logprobs_mode"] == "processed", False)[0]
+    emitted = tok >= 0
+    if not bool(torch.isnan(got[~emitted]).all()):
+        fail(f"{what}: token_logprobs not NaN where no token was emitted", f"{got.tolist()} tokens {tok.tolist()}")
+    a_, b_ = got[emitted], ref[emitted]
+    if not (torch.equal(torch.isnan(a_), torch.isnan(b_)) and torch.equal(a_[~torch.isnan(a_)], b_[~torch.isnan(b_)])):
+        fail(f"{what}: token_logprobs differ from the logprobs op",
+             f"mode {a['logprobs_mode']}: {got.tolist()} vs {ref.tolist()}, tokens {tok.tolist()}")
 
 
 def wrapper_floats(via):
@@ -858,9 +898,13 @@ def make_verify_case(via, args, how=None):
             return ops().verify(logits, ids, probs, temperature, seed, offset, a.get("top_k"), a.get("top_p"),
                                 a.get("min_p"), num_drafts, mode)
         return api().verify(logits, ids, probs, temperature, top_k=a.get("top_k"), top_p=a.get("top_p"),
-                            min_p=a.get("min_p"), num_drafts=num_drafts, seed=seed, offset=offset, mode=mode)
+                            min_p=a.get("min_p"), num_drafts=num_drafts, seed=seed, offset=offset, mode=mode,
+                            **logprobs_kwargs(a))
 
     def check(out, pre, snap):
+        lp = None
+        if "logprobs" in a:
+            out, lp = out
         tokens, num_acc, valid = out
         for name, t, dt, shp in (("tokens", tokens, torch.int64, (B, K1)), ("num_accepted", num_acc, torch.int64, (B,)),
                                  ("valid", valid, torch.bool, (B,))):
@@ -869,6 +913,8 @@ def make_verify_case(via, args, how=None):
         check_unchanged_except(snap, {}, "verify writes no argument")
         if dev == "meta":
             return
+        if lp is not None:
+            check_token_logprobs("verify", lp, tokens, pre, a, t_py, "target_logits")
         l32 = pre["target_logits"].float()
         ids64 = pre["draft_token_ids"].long()
         q = pre["draft_probs"].float() if probs is not None else None
@@ -1465,6 +1511,7 @@ def sample_cases(draw, alias: bool = False):
     if via == "raw":
         temperature = temperature if isinstance(temperature, torch.Tensor) else torch.tensor(float(temperature))
     args = dict(logits=logits, temperature=temperature, seed=seed, offset=offset, probs_out=probs_out, **filters)
+    args.update(logprobs_draw(draw, via))
     how = None
     if alias:
         if seed is None:
@@ -1508,15 +1555,20 @@ def make_sample_case(via, args, how=None):
             return ops().sample(logits, temperature, seed, offset, probs_out, a.get("top_k"), a.get("top_p"),
                                 a.get("min_p"))
         return api().sample(logits, temperature, top_k=a.get("top_k"), top_p=a.get("top_p"), min_p=a.get("min_p"),
-                            seed=seed, offset=offset, probs_out=probs_out)
+                            seed=seed, offset=offset, probs_out=probs_out, **logprobs_kwargs(a))
 
     def check(tokens, pre, snap):
+        lp = None
+        if "logprobs" in a:
+            tokens, lp = tokens
         if tokens.dtype != torch.int64 or tuple(tokens.shape) != (B,) or tokens.device.type != dev:
             fail("sample output metadata", f"{describe(tokens)}, expected int64 [{B}] on {dev}")
         if dev == "meta":
             return
         check_unchanged_except(snap, {"probs_out": probs_out} if probs_out is not None else {},
                                "only probs_out is written")
+        if lp is not None:
+            check_token_logprobs("sample", lp, tokens, pre, a, t_py, "logits")
         if how:
             ref_out = torch.empty(B, V) if probs_out is not None else None
             ref_tok = ops().sample(pre["logits"], pre["temperature"] if "temperature" in pre else torch.tensor(t_py),
@@ -2431,11 +2483,13 @@ def make_logprobs_case(via, args):
             x_all = pre["logits"] if dev != "meta" else None
         else:
             tok1, res = out
-            lp, ranks, ids, tops = (t.unsqueeze(1) for t in res)
+            lp, ranks, ids, tops = (None if t is None else t.unsqueeze(1) for t in res)
+            if (ranks is None) != (n == 0):  # n = 0: the kernel's own logprobs only, no ranks launch
+                fail("logprobs: token_ranks present iff n > 0", f"n={n}, ranks {describe_out(ranks)}")
             tok = tok1.view(-1, 1) if dev != "meta" else None
             x_all = pre["logits"].unsqueeze(1) if dev != "meta" else None
         if tuple(lp.shape) != (B, P) or tuple(ids.shape) != (B, P, n) or ids.dtype != torch.int64 \
-                or lp.dtype != torch.float32 or ranks.dtype != torch.int64:
+                or lp.dtype != torch.float32 or (ranks is not None and ranks.dtype != torch.int64):
             fail("logprobs output metadata", f"{describe(lp)} {describe(ids)}")
         if dev == "meta":
             return
@@ -2449,9 +2503,9 @@ def make_logprobs_case(via, args):
                 bad = bool((x != x).any() | (x == math.inf).any() | (x == -math.inf).all())
                 no_law = t < 0 or bad or (processed and not valid_temperature(Tb))
                 if no_law or t >= x.shape[0]:
-                    if not (bool(torch.isnan(lp[b, i])) and int(ranks[b, i]) == -1):
+                    if not (bool(torch.isnan(lp[b, i])) and (ranks is None or int(ranks[b, i]) == -1)):
                         fail("logprobs: a position without a law / token has a logprob or rank",
-                             f"({b}, {i}) token {t}: {float(lp[b, i])}, rank {int(ranks[b, i])}")
+                             f"({b}, {i}) token {t}: {float(lp[b, i])}, ranks {describe_out(ranks)}")
                 if no_law:
                     if bool((ids[b, i] != -1).any()):
                         fail("logprobs: top ids at a position without a law", f"({b}, {i})")
@@ -2465,7 +2519,7 @@ def make_logprobs_case(via, args):
                 if t >= x.shape[0]:
                     continue
                 greedy = processed and Tb == 0
-                if int(ranks[b, i]) != (1 if greedy else int((x >= x[t]).sum())):
+                if ranks is not None and int(ranks[b, i]) != (1 if greedy else int((x >= x[t]).sum())):
                     fail("logprobs: rank is not the count of logits >= the token's", f"({b}, {i})")
                 if not processed and bool(torch.isfinite(x).all()) and float(x.max() - x.min()) < 80:
                     ref = float(torch.log_softmax(x.double(), 0)[t])

@@ -158,3 +158,168 @@ def test_logprobs_opcheck_and_compile():
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     got, ref = compiled(x[:, 0], torch.tensor(0.8)), f(x[:, 0], torch.tensor(0.8))
     assert torch.equal(got[0], ref[0]) and all(torch.equal(a, b) for a, b in zip(got[1], ref[1]))
+
+
+# ---- the emitted tokens' logprobs from verify / sample's own stats (token_logprobs) ----
+
+class _CountingOps:
+    """Stands in for torch.ops.specdec in the wrappers: counts each op called through it."""
+
+    def __init__(self, real):
+        self._real, self.calls = real, {}
+
+    def __getattr__(self, name):
+        op = getattr(self._real, name)
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return op(*args, **kwargs)
+        return counted
+
+
+_CASES = {  # name -> (verify kwargs, temperatures of the 6 rows)
+    "sampled": (dict(), [0.7, 1.0, 0.0, 1.3, 0.9, 1.0]),
+    "top_k": (dict(top_k=7), [0.7, 1.0, 0.0, 1.3, 0.9, 1.0]),
+    "top_p+min_p": (dict(top_p=0.6, min_p=0.02), [0.7, 1.0, 0.0, 1.3, 0.9, 1.0]),
+    "greedy": (dict(), [0.0] * 6),
+    "coupled": (dict(mode="coupled", top_k=9), [0.8, 1.0, 0.0, 1.2, 1.0, 0.6]),
+    "num_drafts": (dict(num_drafts=torch.tensor([0, 3, 1, 2, 3, 0])), [1.0, 0.5, 0.0, 1.0, 2.0, 1.0]),
+}
+
+
+def _verify_case(name, dtype, device="cpu", seed=3, **extra):
+    B, K, V = 6, 3, 300
+    logits = _tied_logits(B, K + 1, V, dtype, seed=V + K + 1)
+    draft = logits[:, :K].float().argmax(-1)  # mostly accepted: several emitted positions
+    draft[1, 1] = (draft[1, 1] + 1) % V
+    kwargs, temps = _CASES[name]
+    temps = torch.tensor(temps)
+    q = None
+    if name == "sampled":  # dense draft probabilities: rejections at dense-residual positions
+        q = torch.softmax(torch.randn(B, K, V, generator=torch.Generator().manual_seed(1)), -1)
+    args = (logits.to(device), draft.to(device), None if q is None else q.to(device), temps.to(device))
+    kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    return logits, temps, args, dict(kw, seed=seed, **extra)
+
+
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+@pytest.mark.parametrize("case", list(_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verify_token_logprobs_from_own_stats(variant, monkeypatch, case, mode, dtype):
+    """logprobs=0: one verify launch and nothing else; the tokens are those of a call without
+    logprobs; the logprobs are the float64 law's, and on the CPU bit for bit those of the
+    separate specdec::logprobs op (same formula, same sums)."""
+    import specdec_ext.ops.sampling as sampling_ops
+
+    logits, temps, args, kw = _verify_case(case, dtype, variant)
+    counter = _CountingOps(sampling_ops._OPS)
+    monkeypatch.setattr(sampling_ops, "_OPS", counter)
+    res, lp = specdec_ext.verify(*args, logprobs=0, logprobs_mode=mode, **kw)
+    assert counter.calls == {"verify": 1}
+    monkeypatch.setattr(sampling_ops, "_OPS", counter._real)  # (not undo(): that also drops the variant's env)
+    plain = specdec_ext.verify(*args, **kw)
+    assert all(torch.equal(a, b) for a, b in zip(res, plain))  # asking for logprobs changes no token
+    assert lp.token_ranks is None and lp.top_ids.shape == (6, 4, 0) and lp.top_logprobs.shape == (6, 4, 0)
+    tokens = res.tokens.cpu()
+    got = lp.token_logprobs.cpu()
+    assert got.dtype == torch.float32 and got.shape == (6, 4)
+    assert torch.isnan(got[tokens < 0]).all() and not torch.isnan(got[tokens >= 0]).any()
+    filters = {k: v for k, v in _CASES[case][0].items() if k in ("top_k", "top_p", "min_p")}
+    processed = mode == "processed"
+    for b, i in (tokens >= 0).nonzero().tolist():
+        ref, _, _ = _ref_row(logits[b, i], int(tokens[b, i]), 0, processed, float(temps[b]), filters)
+        torch.testing.assert_close(got[b, i].double(), torch.tensor(ref, dtype=torch.float64), atol=2e-5, rtol=1e-5,
+                                   msg=f"{case} {mode} ({b}, {i})")
+    from specdec_ext.ops._args import filter_args
+
+    op = torch.ops.specdec.logprobs(args[0], res.tokens, args[3], *filter_args(kw.get("top_k"), kw.get("top_p"),
+                                                                              kw.get("min_p")),
+                                    0, processed, False)[0].cpu()
+    if variant == "cpu":
+        assert torch.equal(got.nan_to_num(7.0), op.nan_to_num(7.0))
+    else:
+        torch.testing.assert_close(got, op, atol=2e-5, rtol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+def test_sample_token_logprobs_from_own_stats(variant, monkeypatch, mode):
+    """sample(logprobs=0): one launch; tokens as without logprobs; probabilities in; every
+    filter; greedy and invalid rows."""
+    import specdec_ext.ops.sampling as sampling_ops
+
+    B, V = 8, 257
+    logits = _tied_logits(B, 1, V, torch.float32, seed=8)[:, 0]
+    logits[5] = float("-inf")
+    temps = torch.tensor([1.0, 0.5, 0.0, 2.0, 1.0, 0.8, 1.0, 1.0])
+    for filters, probs_input in ((dict(), False), (dict(top_k=20), False), (dict(top_p=0.7, min_p=0.05), False),
+                                 (dict(), True), (dict(top_k=5), True)):
+        x = torch.softmax(logits * 0.7, -1) * 3.0 if probs_input else logits
+        counter = _CountingOps(sampling_ops._OPS)
+        monkeypatch.setattr(sampling_ops, "_OPS", counter)
+        tokens, lp = specdec_ext.sample(x.to(variant), temps.to(variant), seed=5, logprobs=0, logprobs_mode=mode,
+                                        probs_input=probs_input, **filters)
+        assert counter.calls == {"sample": 1}
+        monkeypatch.setattr(sampling_ops, "_OPS", counter._real)
+        plain = specdec_ext.sample(x.to(variant), temps.to(variant), seed=5, probs_input=probs_input, **filters)
+        assert torch.equal(tokens, plain)
+        tokens, got = tokens.cpu(), lp.token_logprobs.cpu()
+        assert (tokens[5] == -1) and torch.isnan(got[5]) and lp.token_ranks is None
+        ref_logits = x.log() if probs_input else x
+        for b in range(B):
+            if tokens[b] < 0:
+                continue
+            ref, _, _ = _ref_row(ref_logits[b], int(tokens[b]), 0, mode == "processed", float(temps[b]), filters)
+            torch.testing.assert_close(got[b].double(), torch.tensor(ref, dtype=torch.float64), atol=2e-5, rtol=1e-5,
+                                       msg=f"{filters} probs_input={probs_input} row {b}")
+
+
+def test_token_logprobs_argument_errors():
+    """The raw ops' token_logprobs: a clear error naming it, and nothing written."""
+    ops = torch.ops.specdec
+    x = torch.randn(2, 3, 10)
+    draft = torch.zeros(2, 2, dtype=torch.long)
+    one, seed, off = torch.tensor(1.0), torch.tensor(0), torch.tensor(0)
+    bad = {
+        "float64": (torch.zeros(2, 3, dtype=torch.float64), TypeError),
+        "shape": (torch.zeros(2, 4), ValueError),
+        "strided": (torch.zeros(3, 2).t(), ValueError),
+    }
+    for what, (out, err) in bad.items():
+        before = out.clone()
+        with pytest.raises(err, match="token_logprobs"):
+            ops.verify(x, draft, None, one, seed, off, None, None, None, None, False, False, out, False)
+        assert torch.equal(out, before), what
+    alias = x.view(-1)[:6].view(2, 3)  # the logits' own memory
+    before = x.clone()
+    with pytest.raises(ValueError, match="token_logprobs and target_logits overlap"):
+        ops.verify(x, draft, None, one, seed, off, None, None, None, None, False, False, alias, False)
+    assert torch.equal(x, before)
+    xs = x[:, 0]
+    probs = torch.zeros(2, 10)
+    with pytest.raises(ValueError, match="token_logprobs"):
+        ops.sample(xs, one, seed, off, probs, None, None, None, False, torch.zeros(3), False)
+    with pytest.raises(ValueError, match="token_logprobs and probs_out overlap"):
+        ops.sample(xs, one, seed, off, probs, None, None, None, False, probs.view(-1)[:2], False)
+    assert (probs == 0).all()
+
+
+def test_token_logprobs_opcheck_and_compile():
+    x = _tied_logits(3, 3, 40, torch.float32, seed=5)
+    draft = x[:, :2].argmax(-1)
+    for processed in (False, True):
+        out = torch.empty(3, 3)
+        torch.library.opcheck(torch.ops.specdec.verify.default,
+                              (x, draft, None, torch.tensor([1.0, 0.0, 0.5]), torch.tensor(1), torch.tensor(0),
+                               None, None, None, None, False, False, out, processed),
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+        torch.library.opcheck(torch.ops.specdec.sample.default,
+                              (x[:, 0], torch.tensor(0.7), torch.tensor(1), torch.tensor(0), None, torch.tensor(5),
+                               None, None, False, torch.empty(3), processed))
+
+    def f(logits, d):
+        return specdec_ext.verify(logits, d, None, 0.8, seed=1, logprobs=0, logprobs_mode="raw", top_k=6)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    got, ref = compiled(x, draft), f(x, draft)
+    assert all(torch.equal(a, b) for a, b in zip(got[0], ref[0]))
+    torch.testing.assert_close(got[1].token_logprobs, ref[1].token_logprobs, equal_nan=True, rtol=0, atol=0)

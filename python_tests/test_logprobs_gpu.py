@@ -24,3 +24,30 @@ def test_logprobs_gpu(gpu):
     ref_tok, ref_plp = specdec_ext.sample(p, 1.0, seed=1, probs_input=True, logprobs=3)
     assert torch.equal(plp.top_ids.cpu(), ref_plp.top_ids)
     torch.testing.assert_close(plp.top_logprobs.cpu(), ref_plp.top_logprobs, atol=2e-5, rtol=1e-5)
+
+
+def test_token_logprobs_gpu(gpu):
+    """The emitted tokens' logprobs written by the CUDA verify / sample kernels from their stat
+    blocks (n = 0: no logprobs launch): the CPU kernel's, within rounding, in every path
+    (sampled, filtered, greedy, coupled, ragged num_drafts); tokens as without logprobs."""
+    from test_logprobs import _CASES, _verify_case
+
+    for case in _CASES:
+        for mode in ("raw", "processed"):
+            logits, temps, args, kw = _verify_case(case, torch.float32, "cpu")
+            kw_gpu = {k: (gpu.to(v) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+            res, lp = gpu.verify(*(None if a is None else gpu.to(a) for a in args), logprobs=0, logprobs_mode=mode,
+                                 **kw_gpu)
+            plain = gpu.verify(*(None if a is None else gpu.to(a) for a in args), **kw_gpu)
+            ref, ref_lp = specdec_ext.verify(*args, logprobs=0, logprobs_mode=mode, **kw)
+            assert torch.equal(res.tokens.cpu(), ref.tokens) and torch.equal(plain.tokens.cpu(), ref.tokens), case
+            torch.testing.assert_close(lp.token_logprobs.cpu(), ref_lp.token_logprobs, atol=2e-5, rtol=1e-5,
+                                       equal_nan=True, msg=f"{case} {mode}")
+    x = _tied_logits(4, 1, gpu.size(3000, 700), torch.float32, seed=3)[:, 0]
+    temps = torch.tensor([0.0, 1.0, 0.6, 1.5])
+    for mode in ("raw", "processed"):
+        for filters in (dict(), dict(top_k=12, min_p=0.01)):
+            tok, lp = gpu.sample(gpu.to(x), gpu.to(temps), seed=4, logprobs=0, logprobs_mode=mode, **filters)
+            ref_tok, ref_lp = specdec_ext.sample(x, temps, seed=4, logprobs=0, logprobs_mode=mode, **filters)
+            assert torch.equal(tok.cpu(), ref_tok)
+            torch.testing.assert_close(lp.token_logprobs.cpu(), ref_lp.token_logprobs, atol=2e-5, rtol=1e-5)

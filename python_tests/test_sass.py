@@ -11,8 +11,9 @@ MAX_REGS = 80
 N_LOGITS = 4
 # every (logits, probs) dtype pair of verify and every logits dtype of sample
 N_VERIFY, N_SAMPLE = N_LOGITS * 3, N_LOGITS
-# filter_cutoff_kernel per logits dtype; coupled_race_kernel per logits dtype + coupled_decide_kernel
-N_FILTER, N_COUPLED = N_LOGITS, N_LOGITS + 1
+# filter_cutoff_kernel per logits dtype; coupled_race_kernel and coupled_decide_kernel (which reads
+# the logits for token_logprobs) per logits dtype
+N_FILTER, N_COUPLED = N_LOGITS, 2 * N_LOGITS
 # filtered_kernel: filtered_probs per logits dtype, mask_logits per float dtype (logits only)
 N_FILTERED = N_LOGITS + 3
 

@@ -57,6 +57,20 @@ struct PositionLaw {
   }
 };
 
+// The logprob of the token emitted at a visited position (verify / sample's token_logprobs),
+// from the stats the kernels keep for that position: x = its logit, m = the raw max, the
+// position's inv_t and cutoff, s = the sum of shifted_exp over the kept logits at inv_t (the
+// kernels' own sum), s1 = sum exp(l - m) over every logit (the raw law's sum; equal to s when
+// inv_t == 1 and nothing is cut, e.g. on a greedy row, whose stats run at inv_t = 1). The
+// formulas of PositionLaw::logprob. A greedy position's processed law is one-hot at the
+// argmax it emits: 0.
+SPECDEC_HD float emitted_logprob(bool processed, bool greedy, float x, float m, float inv_t, float cut, float s,
+                                 float s1) {
+  if (!processed) return (x - m) - logf(s1);
+  if (greedy) return 0.0f;
+  return (filtered_logit(x, cut) - m) * inv_t - logf(s);
+}
+
 // Whether top-n entry (xa, a) ranks before (xb, b): larger logit, then lower id.
 SPECDEC_HD bool ranks_before(float xa, int64_t a, float xb, int64_t b) { return xa > xb || (xa == xb && a < b); }
 

@@ -63,6 +63,18 @@ SPECDEC_HD int64_t drafts_of_row(const int64_t* num_drafts, int64_t stride, int6
   return num_drafts ? num_drafts[row * stride] : K;
 }
 
+// verify / sample's `token_logprobs` output: the logprob of each emitted token under one of
+// core/logprob_math.h's laws, taken from the softmax stats of its position that the kernel
+// computes anyway (emitted_logprob), written in the same launch.
+struct EmittedLogprobs {
+  float* out = nullptr;    // verify: [B, K+1] contiguous (NaN past the emitted tokens and for an
+                           // invalid row); sample: [B] contiguous; nullptr = not asked
+  bool processed = false;  // the law: raw (T = 1, no filter) / processed (p')
+  // whether the kernel needs the raw law's sum as well as its own (a raw law, and a row whose
+  // own law differs: T != 1 or a filter cut)
+  SPECDEC_HD bool raw() const { return out != nullptr && !processed; }
+};
+
 // specdec::verify. Element strides of the vocabulary dim are 1.
 struct VerifyParams {
   const void* logits = nullptr;       // [B, K+1, V] float32|fp16|bf16
@@ -80,6 +92,7 @@ struct VerifyParams {
   int64_t* tokens = nullptr;           // [B, K+1] out
   int64_t* num_accepted = nullptr;     // [B] out
   bool* valid = nullptr;               // [B] out
+  EmittedLogprobs logprobs;            // optional [B, K+1] out
   // drafts row b tests: num_drafts[b] (may be out of range: the row is then invalid), or K
   SPECDEC_HD int64_t drafts_of(int64_t row) const { return drafts_of_row(num_drafts, num_drafts_stride, row, K); }
 };
@@ -97,6 +110,7 @@ struct SampleParams {
   float* probs_out = nullptr;      // [B, V] float32 out, or nullptr
   int64_t probs_stride_b = 0;
   void* masked_out = nullptr;      // mask_logits: [B, V] out, the logits' dtype, contiguous
+  EmittedLogprobs logprobs;        // sample: optional [B] out
 };
 
 }  // namespace specdec

@@ -36,9 +36,11 @@ using OptTensor = std::optional<at::Tensor>;
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
     const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& top_k,
-    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled, bool probs_input) {
+    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled, bool probs_input,
+    const OptTensor& token_logprobs, bool logprobs_processed) {
   VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
-                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, probs_input);
+                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, probs_input,
+                                  TokenLogprobsArg{token_logprobs, logprobs_processed});
   if (L.params.B > 0) {
     if (use_avx2()) cpu::verify_avx2(L.params, L.logits_dtype, L.probs_dtype);
     else cpu::verify_default(L.params, L.logits_dtype, L.probs_dtype);
@@ -48,9 +50,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
 
 at::Tensor sample_cpu(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& seed,
                       const at::Tensor& offset, const OptTensor& probs_out, const OptTensor& top_k,
-                      const OptTensor& top_p, const OptTensor& min_p, bool probs_input) {
+                      const OptTensor& top_p, const OptTensor& min_p, bool probs_input,
+                      const OptTensor& token_logprobs, bool logprobs_processed) {
   SampleLaunch L = prepare_sample(logits, temperature, seed, offset, probs_out, SamplingFilters{top_k, top_p, min_p},
-                                  probs_input);
+                                  probs_input, TokenLogprobsArg{token_logprobs, logprobs_processed});
   if (L.params.B > 0) {
     if (use_avx2()) cpu::sample_avx2(L.params, L.logits_dtype);
     else cpu::sample_default(L.params, L.logits_dtype);

@@ -33,6 +33,7 @@
 
 #include "../core/dtype_dispatch.h"
 #include "../core/filter_math.h"
+#include "../core/logprob_math.h"
 #include "../core/rng.h"
 #include "../core/sampling_params.h"
 #include "../core/verify_math.h"
@@ -164,6 +165,33 @@ inline float row_sum_exp(const T* row, int64_t V, float inv_t, float m, float cu
     }
     return hsum(acc) + tail;
   });
+}
+
+// row_sum_exp(row, V, inv_t, m, cut) (the same values summed in the same order, so the same
+// bits) and, in the same pass, the raw law's sum_v exp(l_v - m) over EVERY logit (raw_sum:
+// verify / sample's raw token_logprobs on a row whose own law differs from the raw one).
+template <typename T>
+inline float row_sum_exp_and_raw(const T* row, int64_t V, float inv_t, float m, float cut, float& raw_sum) {
+  alignas(64) float buf[kTile];
+  const Vec va(inv_t), vm(m), vc(cut), ninf(kNoCut);
+  Vec acc(0.0f), acc1(0.0f);
+  float tail = 0.0f, tail1 = 0.0f;
+  for (int64_t v0 = 0; v0 < V; v0 += kTile) {
+    const int64_t n = std::min(kTile, V - v0);
+    const float* x = tile_as_float(row, v0, n, buf);
+    int64_t k = 0;
+    for (; k + Vec::size() <= n; k += Vec::size()) {
+      const Vec xv = Vec::loadu(x + k);
+      acc1 = acc1 + shifted_exp_vec<true>(xv, vm, va);
+      acc = acc + shifted_exp_vec<false>(Vec::blendv(ninf, xv, xv >= vc), vm, va);
+    }
+    for (; k < n; ++k) {
+      tail1 += shifted_exp(x[k], m, 1.0f);
+      tail += shifted_exp(filtered_logit(x[k], cut), m, inv_t);
+    }
+  }
+  raw_sum = hsum(acc1) + tail1;
+  return hsum(acc) + tail;
 }
 
 // Exponentials E_v for v in [v0, v0 + n), v0 a multiple of 4, n <= kTile.
@@ -529,15 +557,37 @@ inline void position_max(const T* row, int64_t V, bool want_argmax, bool fuse, c
 // topk_cut: the top-k cutoff when position_max found it, else nullptr. With top-k
 // every survivor is in the candidate buffer, so the sum is taken there (k-ish
 // tokens) instead of in another pass over the row.
+// raw_sum (raw token_logprobs asked, else nullptr): also the raw law's sum over every
+// logit at T = 1: the stats sum itself when nothing differs, else taken in the sum pass
+// (row_sum_exp_and_raw); a top-k row, whose sum comes from the candidates, takes it in the
+// one exp pass an unfiltered row makes.
 template <typename T>
 inline SoftmaxStats filtered_stats(const T* row, int64_t V, float m, float inv_t, const FilterSpec& f,
-                                   float& cut, const float* topk_cut) {
+                                   float& cut, const float* topk_cut, float* raw_sum = nullptr) {
   cut = filter_on(f, V) ? filter_cutoff(row, V, m, inv_t, f, topk_cut) : kNoCut;
-  if (!topk_cuts(f, V)) return SoftmaxStats{m, row_sum_exp(row, V, inv_t, m, cut)};
+  const bool own_is_raw = inv_t == 1.0f && cut == kNoCut;
+  if (!topk_cuts(f, V)) {
+    const float s = raw_sum && !own_is_raw ? row_sum_exp_and_raw(row, V, inv_t, m, cut, *raw_sum)
+                                           : row_sum_exp(row, V, inv_t, m, cut);
+    if (raw_sum && own_is_raw) *raw_sum = s;
+    return SoftmaxStats{m, s};
+  }
   double sum = 0.0;  // a scalar sum over the survivors: double keeps it as exact as the vector sums
   for (float x : topk_candidates())
     if (x >= cut) sum += shifted_exp(x, m, inv_t);
+  if (raw_sum) *raw_sum = row_sum_exp(row, V, 1.0f, m, kNoCut);
   return SoftmaxStats{m, static_cast<float>(sum)};
+}
+
+// The token_logprobs entry of a visited position that emits `token` (core/logprob_math.h
+// emitted_logprob): from its stats (st, cut, and raw_sum for the raw law). A greedy
+// position has no stats: its raw law needs the sum at T = 1 (one exp pass; the processed
+// law is 0 at the argmax it emits).
+template <typename T>
+inline float position_logprob(const EmittedLogprobs& L, const T* row, int64_t V, int64_t token, bool greedy,
+                              float m, float inv_t, float cut, float sum, float raw_sum) {
+  if (greedy && !L.processed) raw_sum = row_sum_exp(row, V, 1.0f, m, kNoCut);
+  return emitted_logprob(L.processed, greedy, static_cast<float>(row[token]), m, inv_t, cut, sum, raw_sum);
 }
 
 template <typename TL, typename TQ>
@@ -546,6 +596,8 @@ void verify_rows(const VerifyParams& P) {
     const int64_t K = P.K, V = P.V;
     int64_t* tokens = P.tokens + b * (K + 1);
     for (int64_t i = 0; i <= K; ++i) tokens[i] = -1;
+    float* lp = P.logprobs.out ? P.logprobs.out + b * (K + 1) : nullptr;  // token_logprobs, NaN until emitted
+    if (lp) std::fill(lp, lp + K + 1, std::numeric_limits<float>::quiet_NaN());
     P.num_accepted[b] = 0;
     P.valid[b] = false;
 
@@ -581,15 +633,22 @@ void verify_rows(const VerifyParams& P) {
       if (!usable_max(m)) { ok = false; break; }
       if (greedy) {
         if (i == n || draft[i] != arg) { j = i; token = arg; }
+        if (lp) lp[i] = position_logprob(P.logprobs, row, V, arg, true, m, 1.0f, kNoCut, 0.0f, 0.0f);
         continue;
       }
-      float cut;
-      const SoftmaxStats st = filtered_stats(row, V, m, inv_t, filter, cut, fuse ? &topk_cut : nullptr);
+      float cut, raw_sum = 0.0f;
+      const SoftmaxStats st = filtered_stats(row, V, m, inv_t, filter, cut, fuse ? &topk_cut : nullptr,
+                                             P.logprobs.raw() ? &raw_sum : nullptr);
+      // the logprob of the token emitted here: the draft while accepted, else the race's
+      auto emit_logprob = [&](int64_t x) {
+        if (lp) lp[i] = position_logprob(P.logprobs, row, V, x, false, m, inv_t, cut, st.sum, raw_sum);
+      };
       if (coupled) {  // the target's own sample at this position (specdec::sample's race, offset + i)
         race_row<TL, float>(row, V, inv_t, st, cut, QMode::kNone, nullptr, -1,
                             rng.advanced(static_cast<uint64_t>(i)), kStreamSampleTile, kStreamSampleRace, 0,
                             nullptr, token);
         if (i == n || draft[i] != token) j = i;
+        emit_logprob(token);
         continue;
       }
       bool accepted = false;
@@ -600,15 +659,22 @@ void verify_rows(const VerifyParams& P) {
         const float e_x = shifted_exp(filtered_logit(static_cast<float>(row[x]), cut), st.max, inv_t);
         accepted = ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, st.sum, e_x);
       }
-      if (accepted) continue;
+      if (accepted) {
+        emit_logprob(draft[i]);
+        continue;
+      }
       j = i;
       const QMode q_mode = q_mode_at(i, n, probs != nullptr);
       const TQ* q_row = probs ? probs + i * P.probs_stride_k : nullptr;
       const int64_t x = i < n ? draft[i] : -1;
       ok = race_row(row, V, inv_t, st, cut, q_mode, q_row, x, rng, kStreamVerifyTile, kStreamVerifyRace,
                     static_cast<uint32_t>(i), static_cast<float*>(nullptr), token);
+      if (ok) emit_logprob(token);
     }
-    if (!ok) return;
+    if (!ok) {
+      if (lp) std::fill(lp, lp + K + 1, std::numeric_limits<float>::quiet_NaN());
+      return;
+    }
     for (int64_t i = 0; i < j; ++i) tokens[i] = draft[i];
     tokens[j] = token;
     P.num_accepted[b] = j;
@@ -623,6 +689,7 @@ void sample_rows(const SampleParams& P) {
     const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
     float* probs = P.probs_out ? P.probs_out + b * P.probs_stride_b : nullptr;
     P.tokens[b] = -1;
+    if (P.logprobs.out) P.logprobs.out[b] = std::numeric_limits<float>::quiet_NaN();
     const float temperature = P.temperature.get(b);
     const FilterSpec filter = P.filters.get(b);
     float m, topk_cut;
@@ -640,14 +707,19 @@ void sample_rows(const SampleParams& P) {
         std::fill(probs, probs + V, 0.0f);
         probs[arg] = 1.0f;
       }
+      if (P.logprobs.out)
+        P.logprobs.out[b] = position_logprob(P.logprobs, row, V, arg, true, m, 1.0f, kNoCut, 0.0f, 0.0f);
       return;
     }
     const float inv_t = 1.0f / temperature;
     const RowRng rng = make_row_rng(P.rnd, b);
-    float cut;
-    const SoftmaxStats st = filtered_stats(row, V, m, inv_t, filter, cut, fuse ? &topk_cut : nullptr);
+    float cut, raw_sum = 0.0f;
+    const SoftmaxStats st = filtered_stats(row, V, m, inv_t, filter, cut, fuse ? &topk_cut : nullptr,
+                                           P.logprobs.raw() ? &raw_sum : nullptr);
     race_row<TL, float>(row, V, inv_t, st, cut, QMode::kNone, nullptr, -1, rng, kStreamSampleTile, kStreamSampleRace,
                         0, probs, P.tokens[b]);
+    if (P.logprobs.out)
+      P.logprobs.out[b] = position_logprob(P.logprobs, row, V, P.tokens[b], false, m, inv_t, cut, st.sum, raw_sum);
   });
 }
 

@@ -37,10 +37,12 @@ cudaStream_t current_stream(const at::Tensor& t) { return c10::cuda::getCurrentC
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
     const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& top_k,
-    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled, bool probs_input) {
+    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled, bool probs_input,
+    const OptTensor& token_logprobs, bool logprobs_processed) {
   const c10::cuda::CUDAGuard guard(target_logits.device());
   VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
-                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, probs_input);
+                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, probs_input,
+                                  TokenLogprobsArg{token_logprobs, logprobs_processed});
   if (L.params.B > 0) {
     at::Tensor ws;
     launch_verify(L.params, L.logits_dtype, L.probs_dtype, target_logits.get_device(), current_stream(target_logits),
@@ -51,10 +53,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
 
 at::Tensor sample_cuda(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& seed,
                        const at::Tensor& offset, const OptTensor& probs_out, const OptTensor& top_k,
-                       const OptTensor& top_p, const OptTensor& min_p, bool probs_input) {
+                       const OptTensor& top_p, const OptTensor& min_p, bool probs_input,
+                      const OptTensor& token_logprobs, bool logprobs_processed) {
   const c10::cuda::CUDAGuard guard(logits.device());
   SampleLaunch L = prepare_sample(logits, temperature, seed, offset, probs_out, SamplingFilters{top_k, top_p, min_p},
-                                  probs_input);
+                                  probs_input, TokenLogprobsArg{token_logprobs, logprobs_processed});
   if (L.params.B > 0) {
     at::Tensor ws;
     launch_sample(L.params, L.logits_dtype, logits.get_device(), current_stream(logits),

@@ -154,20 +154,22 @@ constexpr int kHugeLogit = 2;  // a logit that weighs in the sum has |l| >= 2^12
 struct ChunkStats {
   float max;    // max logit over the finite and -inf logits (-inf if none)
   float sum;    // sum of shifted_exp(l, max, inv_t)
+  float sum1;   // raw token_logprobs only (else 0): sum of shifted_exp(l, max, 1) over every logit
   int flags;    // kBadLogit | kHugeLogit
   int64_t arg;  // first index of the max
 
   __device__ __forceinline__ ChunkStats shfl(int m) const {
-    return ChunkStats{shfl_xor(max, m), shfl_xor(sum, m), shfl_xor(flags, m), shfl_xor(arg, m)};
+    return ChunkStats{shfl_xor(max, m), shfl_xor(sum, m), shfl_xor(sum1, m), shfl_xor(flags, m), shfl_xor(arg, m)};
   }
-  __device__ static ChunkStats empty() { return ChunkStats{-kInf, 0.0f, 0, INT64_MAX}; }
+  __device__ static ChunkStats empty() { return ChunkStats{-kInf, 0.0f, 0.0f, 0, INT64_MAX}; }
   __device__ __forceinline__ bool bad() const { return (flags & kBadLogit) != 0; }
 };
 
 __device__ __forceinline__ ChunkStats merge_stats(const ChunkStats& a, const ChunkStats& b, float inv_t) {
   const SoftmaxStats s = stats_merge(SoftmaxStats{a.max, a.sum}, SoftmaxStats{b.max, b.sum}, inv_t);
+  const SoftmaxStats s1 = stats_merge(SoftmaxStats{a.max, a.sum1}, SoftmaxStats{b.max, b.sum1}, 1.0f);
   const bool take_b = b.max > a.max || (b.max == a.max && b.arg < a.arg);
-  return ChunkStats{s.max, s.sum, a.flags | b.flags, take_b ? b.arg : a.arg};
+  return ChunkStats{s.max, s.sum, s1.sum, a.flags | b.flags, take_b ? b.arg : a.arg};
 }
 
 struct StatsMerge {
@@ -184,9 +186,11 @@ struct StatsMerge {
 // alignment and V % (16 / sizeof(T)) == 0); else scalar loads of the same tokens.
 // cut: the position's filter cutoff (-inf = none): logits below it weigh 0 in the sum
 // (filtered_logit); the max and argmax are those of the raw logits (the max survives).
+// want_raw (raw token_logprobs): sum1, the raw law's sum, in the same loop over the values
+// in registers (the sum itself when inv_t == 1 and nothing is cut).
 template <typename T>
 __device__ __forceinline__ ChunkStats stat_block(const T* row, int64_t V, int64_t blk, float inv_t, bool want_sum,
-                                                 bool vec, float cut) {
+                                                 bool vec, float cut, bool want_raw) {
   constexpr int W = 16 / sizeof(T);              // tokens per 16-byte vector
   constexpr int N = kStatBlock / (32 * W);       // vectors per lane: 8 (fp32), 4 (16-bit)
   static_assert(N * W * 32 == kStatBlock, "a stat block is whole vectors of every lane");
@@ -231,7 +235,7 @@ __device__ __forceinline__ ChunkStats stat_block(const T* row, int64_t V, int64_
       arg = k;
     }
   }
-  float sum = 0.0f;
+  float sum = 0.0f, sum1 = 0.0f;
   if (want_sum && m != -kInf) {
     bool huge = false;
 #pragma unroll
@@ -240,10 +244,19 @@ __device__ __forceinline__ ChunkStats stat_block(const T* row, int64_t V, int64_
       sum += shifted_exp(xf, m, inv_t);
       huge |= xf != -kInf && fabsf(xf) >= 0x1p127f;
     }
+    if (want_raw && (inv_t != 1.0f || cut != -kInf)) {  // warp-uniform
+#pragma unroll
+      for (int k = 0; k < N * W; ++k) {
+        sum1 += shifted_exp(x[k], m, 1.0f);
+        huge |= x[k] != -kInf && fabsf(x[k]) >= 0x1p127f;
+      }
+    } else {
+      sum1 = want_raw ? sum : 0.0f;
+    }
     if (huge) flags |= kHugeLogit;
   }
   const int64_t tok = arg < 0 ? INT64_MAX : base + static_cast<int64_t>((arg / W) * 32 + lane) * W + arg % W;
-  return warp_reduce(ChunkStats{m, sum, flags, tok}, StatsMerge{inv_t});
+  return warp_reduce(ChunkStats{m, sum, sum1, flags, tok}, StatsMerge{inv_t});
 }
 
 // Merge the stat blocks [0, nblk) of one row-position (warp-wide, fixed order:
@@ -282,8 +295,9 @@ struct RowDecision {
   int64_t j;         // first stop position (K if all accepted)
   int64_t token;     // greedy rows: the token at j
   float max_l, sum;  // softmax stats of position j (for the fine race)
+  float sum1;        // and the raw law's sum (raw token_logprobs; ChunkStats::sum1)
   RowStatus status;
-  float cut;         // filter cutoff of position j (-inf: none); fits the padding of the 32-byte struct
+  float cut;         // filter cutoff of position j (-inf: none)
 };
 
 struct Workspace {
@@ -365,10 +379,15 @@ __device__ ChunkStats merge_row_stats(const ChunkStats* blocks, int64_t nblk, fl
                                       float cut) {
   ChunkStats st = merge_stat_blocks(blocks, nblk, inv_t);
   if (st.flags == kHugeLogit && st.sum > 0.0f) {  // warp-uniform
-    float s = 0.0f;
+    float s = 0.0f, s1 = 0.0f;
 #pragma unroll 1
-    for (int64_t v = threadIdx.x & 31; v < V; v += 32) s += shifted_exp(filtered_logit(to_float(row[v]), cut), st.max, inv_t);
+    for (int64_t v = threadIdx.x & 31; v < V; v += 32) {
+      const float x = to_float(row[v]);
+      s += shifted_exp(filtered_logit(x, cut), st.max, inv_t);
+      s1 += shifted_exp(x, st.max, 1.0f);
+    }
     st.sum = warp_sum(s);
+    if (st.sum1 > 0.0f) st.sum1 = warp_sum(s1);  // raw token_logprobs asked (sum1 is >= 1 then)
   }
   return st;
 }
@@ -481,6 +500,7 @@ struct RowShared {
   int bad;           // row invalid regardless of j (NaN / +inf logit, draft id out of range)
   int stop_invalid;  // the stop at first_stop is an invalid one (unusable stats, bad q(x))
   float max_l, sum;  // merged stats of position first_stop
+  float sum1;        // its raw law's sum (raw token_logprobs)
   float cut;         // its filter cutoff
   int64_t arg;       // its argmax
 };
@@ -545,9 +565,12 @@ __device__ PositionTest test_position(const VerifyParams& P, const Workspace& W,
 
 // Stage 2a (block-wide): one warp per position 0..n merges its stat blocks and
 // tests it; the chain stops at the first position whose test stops it (n if none).
+// write_logprobs (raw / processed token_logprobs asked, and this block handles chunk 0): the
+// warp that tests position i < n also writes the logprob of draft i there from the stats it
+// just merged (verify_output_stage then keeps the accepted ones, i < j, and NaNs the rest).
 template <typename TL, typename TQ>
 __device__ void decide_row(const VerifyParams& P, const Workspace& W, int64_t b, int64_t n, float inv_t, bool greedy,
-                           const RowRng& rng, RowShared& sh) {
+                           const RowRng& rng, RowShared& sh, bool write_logprobs) {
   const int64_t K = P.K;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   if (threadIdx.x == 0) {
@@ -561,6 +584,11 @@ __device__ void decide_row(const VerifyParams& P, const Workspace& W, int64_t b,
       const PositionTest r = test_position<TL, TQ>(P, W, b, i, n, st, inv_t, greedy, rng);
       if (r.bad) atomicOr(&sh.bad, 1);
       if (r.stop) atomicMin(&sh.first_stop, static_cast<int>(i));
+      const int64_t x = i < n ? P.draft_ids[b * K + i] : -1;
+      if (write_logprobs && x >= 0 && x < P.V)
+        P.logprobs.out[b * (K + 1) + i] =
+            emitted_logprob(P.logprobs.processed, greedy, to_float(position_row<TL>(P, b, i)[x]), st.max, inv_t,
+                            greedy ? -kInf : cutoff_of(W, b * (K + 1) + i), st.sum, st.sum1);
     }
   }
   __syncthreads();
@@ -572,6 +600,7 @@ __device__ void decide_row(const VerifyParams& P, const Workspace& W, int64_t b,
       sh.stop_invalid = r.invalid_stop;
       sh.max_l = st.max;
       sh.sum = st.sum;
+      sh.sum1 = st.sum1;
       sh.cut = greedy ? -kInf : cutoff_of(W, b * (K + 1) + j);
       sh.arg = st.arg;
     }
@@ -617,10 +646,12 @@ __device__ __forceinline__ RaceSite<TL, TQ> verify_site(const VerifyParams& P, i
 // `positions` = K + 1 (verify) or 1 (sample). num_drafts (verify, may be null):
 // positions after n_b are not read (their stats are never used), and an n_b
 // outside [0, positions) makes the row invalid like an unusable temperature.
+// raw_sums (raw token_logprobs): every visited position also takes the raw law's sum
+// (stat_block's want_raw), greedy rows included.
 template <typename TL>
 __device__ void stats_stage(const void* logits, int64_t stride_b, int64_t stride_k, int64_t positions,
                             const ScalarOrRow<float>& temperature, const int64_t* num_drafts, int64_t nd_stride,
-                            int64_t B, int64_t V, const Workspace& W) {
+                            int64_t B, int64_t V, const Workspace& W, bool raw_sums) {
   const int64_t NB = W.stat_blocks, total = B * positions * NB;
   const int64_t warps = blockDim.x >> 5;
   for (int64_t item = blockIdx.x * warps + (threadIdx.x >> 5); item < total; item += gridDim.x * warps) {
@@ -633,7 +664,8 @@ __device__ void stats_stage(const void* logits, int64_t stride_b, int64_t stride
       st.flags = 0;
       if (i <= n) {
         const TL* row = static_cast<const TL*>(logits) + b * stride_b + i * stride_k;
-        st = stat_block(row, V, blk, stats_inv_t(t), t != 0.0f, W.vec_logits != 0, cutoff_of(W, r));
+        st = stat_block(row, V, blk, stats_inv_t(t), t != 0.0f || raw_sums, W.vec_logits != 0, cutoff_of(W, r),
+                        raw_sums);
       }
     }
     if ((threadIdx.x & 31) == 0) W.stats[item] = st;  // item == (b * positions + i) * NB + blk
@@ -667,6 +699,38 @@ __device__ int64_t final_token(const RowDecision& d, const RacePair* race, int64
   return (token >= 0 && token < V) ? token : -1;
 }
 
+// The token_logprobs entry of the position a row decided on (RowDecision: its stats, cutoff
+// and raw sum), which emitted `token` (core/logprob_math.h emitted_logprob): one element
+// read, no pass over the row.
+template <typename TL>
+__device__ __forceinline__ float decision_logprob(const RowDecision& d, const TL* row, float t, int64_t token,
+                                                  bool processed) {
+  return emitted_logprob(processed, t == 0.0f, to_float(row[token]), d.max_l, stats_inv_t(t), d.cut, d.sum, d.sum1);
+}
+
+// Coupled verify's token_logprobs row b (warp-wide; no stage merged its positions' stats):
+// positions 0..j emitted draft_ids[0..j) and then `token` (valid rows), NaN elsewhere. Each
+// position's stat blocks are merged as the sample stages merged them.
+template <typename TL>
+__device__ void write_coupled_logprobs(const VerifyParams& P, const Workspace& W, int64_t b, int64_t j,
+                                       int64_t token, bool valid) {
+  const int64_t K = P.K;
+  float* out = P.logprobs.out + b * (K + 1);
+  const float t = P.temperature.get(b), inv_t = stats_inv_t(t);
+  for (int64_t i = 0; i <= K; ++i) {  // warp-uniform bounds
+    float lp = __uint_as_float(0x7fc00000u);  // NaN
+    if (valid && i <= j) {
+      const int64_t r = b * (K + 1) + i;
+      const TL* row = static_cast<const TL*>(P.logits) + b * P.logits_stride_b + i * P.logits_stride_k;
+      const float cut = t == 0.0f ? -kInf : cutoff_of(W, r);
+      const ChunkStats st = merge_row_stats(W.stats + r * W.stat_blocks, W.stat_blocks, inv_t, row, P.V, cut);
+      const int64_t x = i < j ? P.draft_ids[b * K + i] : token;
+      lp = emitted_logprob(P.logprobs.processed, t == 0.0f, to_float(row[x]), st.max, inv_t, cut, st.sum, st.sum1);
+    }
+    if ((threadIdx.x & 31) == 0) out[i] = lp;
+  }
+}
+
 // Calls fn(b) for rows b = global warp index, + total warps, ... (one warp per row).
 template <typename Fn>
 __device__ __forceinline__ void for_each_row_per_warp(int64_t B, Fn&& fn) {
@@ -697,9 +761,9 @@ __device__ void verify_decide_stage(const VerifyParams& P, const Workspace& W, R
     const float inv_t = stats_inv_t(t);
     const RowRng rng = make_row_rng(P.rnd, b);
     if (t_ok) {
-      decide_row<TL, TQ>(P, W, b, n, inv_t, greedy, rng, row);
+      decide_row<TL, TQ>(P, W, b, n, inv_t, greedy, rng, row, P.logprobs.out != nullptr && c == 0);
     } else {
-      if (threadIdx.x == 0) row = RowShared{0, 1, 1, 0.0f, 0.0f, -kInf, 0};
+      if (threadIdx.x == 0) row = RowShared{0, 1, 1, 0.0f, 0.0f, 0.0f, -kInf, 0};
       __syncthreads();
     }
     const bool valid = t_ok && !row.bad && !row.stop_invalid;
@@ -714,7 +778,7 @@ __device__ void verify_decide_stage(const VerifyParams& P, const Workspace& W, R
     if (threadIdx.x == 0) {
       W.race[item] = rp;
       if (c == 0)
-        W.rows[b] = RowDecision{j, row.arg, row.max_l, row.sum,
+        W.rows[b] = RowDecision{j, row.arg, row.max_l, row.sum, row.sum1,
                                 valid ? (greedy ? RowStatus::kGreedy : RowStatus::kSampled) : RowStatus::kInvalid,
                                 row.cut};
     }
@@ -738,6 +802,13 @@ __device__ void verify_output_stage(const VerifyParams& P, const Workspace& W) {
       for (int64_t i = 0; i <= K; ++i) out[i] = !valid ? -1 : i < d.j ? P.draft_ids[b * K + i] : i == d.j ? token : -1;
       P.num_accepted[b] = valid ? d.j : 0;
       P.valid[b] = valid;
+      if (P.logprobs.out) {  // accepted drafts (i < j): written by decide_row; the token at j from d
+        float* lp = P.logprobs.out + b * (K + 1);
+        for (int64_t i = valid ? d.j : 0; i <= K; ++i)
+          lp[i] = valid && i == d.j ? decision_logprob(d, position_row<TL>(P, b, d.j), P.temperature.get(b), token,
+                                                       P.logprobs.processed)
+                                    : __uint_as_float(0x7fc00000u);
+      }
     }
   });
 }
@@ -753,7 +824,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) verify_kernel(
   const bool all = stage == kAllStages;
   if (all || stage == 0)
     stats_stage<TL>(P.logits, P.logits_stride_b, P.logits_stride_k, P.K + 1, P.temperature, P.num_drafts,
-                    P.num_drafts_stride, P.B, P.V, W);
+                    P.num_drafts_stride, P.B, P.V, W, P.logprobs.raw());
   if (all) cg::this_grid().sync();
   if (all || stage == 1) verify_decide_stage<TL, TQ>(P, W, row, race_scratch);
   if (all) cg::this_grid().sync();
@@ -784,6 +855,9 @@ struct SampleRows {
     return P.probs_out ? P.probs_out + r * P.probs_stride_b : nullptr;
   }
   __device__ __forceinline__ void put(int64_t r, int64_t token) const { P.tokens[r] = token; }
+  // by value: a pointer into the kernel's parameter struct would make the compiler copy the
+  // whole struct to local memory
+  __device__ __forceinline__ EmittedLogprobs logprobs() const { return P.logprobs; }
 };
 
 template <typename TL>
@@ -806,6 +880,8 @@ struct CoupledRows {
   }
   __device__ __forceinline__ float* probs(int64_t) const { return nullptr; }
   __device__ __forceinline__ void put(int64_t r, int64_t token) const { y[r] = token; }
+  // coupled verify writes its token_logprobs in coupled_decide_kernel (only it knows j)
+  __device__ __forceinline__ EmittedLogprobs logprobs() const { return EmittedLogprobs{}; }
 };
 
 // Stage 2: item (r, c): merged stats of row r, then the coarse race over chunk c
@@ -841,7 +917,7 @@ __device__ void sample_decide_stage(const Rows& R, int64_t V, const Workspace& W
       rp.bad = !valid;
       W.race[item] = rp;
       if (c == 0)
-        W.rows[r] = RowDecision{0, st.arg, st.max, st.sum,
+        W.rows[r] = RowDecision{0, st.arg, st.max, st.sum, st.sum1,
                                 valid ? (greedy ? RowStatus::kGreedy : RowStatus::kSampled) : RowStatus::kInvalid,
                                 cut};
     }
@@ -857,6 +933,10 @@ __device__ void sample_output_stage(const Rows& R, int64_t V, const Workspace& W
     const int64_t token = final_token(W.rows[r], W.race + r * W.chunks, W.chunks, site, V, R.temperature(r),
                                       R.rng(r), kStreamSampleRace, W);
     if ((threadIdx.x & 31) == 0) R.put(r, token);
+    const EmittedLogprobs L = R.logprobs();  // sample's token_logprobs
+    if (L.out && (threadIdx.x & 31) == 0)
+      L.out[r] = token >= 0 ? decision_logprob(W.rows[r], R.row(r), R.temperature(r), token, L.processed)
+                            : __uint_as_float(0x7fc00000u);
   });
 }
 
@@ -868,7 +948,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) sample_kernel(
   const SampleRows<TL> R{P};
   const bool all = stage == kAllStages;
   if (all || stage == 0)
-    stats_stage<TL>(P.logits, P.logits_stride_b, 0, 1, P.temperature, nullptr, 0, P.B, P.V, W);
+    stats_stage<TL>(P.logits, P.logits_stride_b, 0, 1, P.temperature, nullptr, 0, P.B, P.V, W, P.logprobs.raw());
   if (all) cg::this_grid().sync();
   if (all || stage == 1) sample_decide_stage<TL>(R, P.V, W, row_stats, race_scratch);
   if (all) cg::this_grid().sync();
@@ -961,7 +1041,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) filtered_kerne
   SPECDEC_SHARED(ChunkStats, row_stats);
   const bool all = stage == kAllStages;
   if (all || stage == 0)
-    stats_stage<TL>(P.logits, P.logits_stride_b, 0, 1, P.temperature, nullptr, 0, P.B, P.V, W);
+    stats_stage<TL>(P.logits, P.logits_stride_b, 0, 1, P.temperature, nullptr, 0, P.B, P.V, W, false);
   if (all) cg::this_grid().sync();
   if (all || stage == 1) filtered_write_stage<TL, kMask>(P, W, row_stats);
 }
@@ -988,7 +1068,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) coupled_race_k
   const bool all = stage == kAllStages;
   if (all || stage == 0)
     stats_stage<TL>(P.logits, P.logits_stride_b, P.logits_stride_k, P.K + 1, P.temperature, P.num_drafts,
-                    P.num_drafts_stride, P.B, P.V, W);
+                    P.num_drafts_stride, P.B, P.V, W, P.logprobs.raw());
   if (all) cg::this_grid().sync();
   if (all || stage == 1) sample_decide_stage<TL>(R, P.V, W, row_stats, race_scratch);
   if (all) cg::this_grid().sync();
@@ -1000,6 +1080,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) coupled_race_k
 // i < n_b with y[b, i] != draft i (n_b if none), the outputs. y[b, j] < 0 means
 // position j has no distribution (all -inf): invalid, as in the reference, while
 // an unusable position after j does not matter.
+template <typename TL>
 __global__ void __launch_bounds__(kBlockThreads) coupled_decide_kernel(VerifyParams P, Workspace W) {
   const int64_t K = P.K, NB = W.stat_blocks;
   for_each_row_per_warp(P.B, [&](int64_t b) {
@@ -1033,6 +1114,7 @@ __global__ void __launch_bounds__(kBlockThreads) coupled_decide_kernel(VerifyPar
       P.num_accepted[b] = valid ? j : 0;
       P.valid[b] = valid;
     }
+    if (P.logprobs.out) write_coupled_logprobs<TL>(P, W, b, j, token, valid);  // y[i] == draft[i] for i < j
   });
 }
 

@@ -73,7 +73,7 @@ void launch_staged(void (*kernel)(Params, Workspace, int), int64_t rows, int64_t
   for (int stage = 0; !done && stage < kStages; ++stage)
     launch(kernel, to_dim(plan.grid[stage]), dim3(kBlockThreads), stream, P, W, stage);
   if constexpr (std::is_same_v<Params, VerifyParams>) {
-    if (extra.coupled) launch(coupled_decide_kernel, to_dim(warp_per_row_grid(P.B)), dim3(kBlockThreads), stream, P, W);
+    if (extra.coupled) launch(coupled_decide_kernel<TL>, to_dim(warp_per_row_grid(P.B)), dim3(kBlockThreads), stream, P, W);
   }
 }
 

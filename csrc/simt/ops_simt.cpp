@@ -24,9 +24,11 @@ constexpr int64_t kUnwritten = 0x5A5A5A5A5A5A5A5ALL;
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_simt(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
     const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& top_k,
-    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled, bool probs_input) {
+    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled, bool probs_input,
+    const OptTensor& token_logprobs, bool logprobs_processed) {
   VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
                                   SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, probs_input,
+                                  TokenLogprobsArg{token_logprobs, logprobs_processed},
                                   HostChecks::kScalarsOnly);
   if (L.params.B > 0) {
     L.tokens.fill_(kUnwritten);
@@ -38,9 +40,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_simt(
 
 at::Tensor sample_simt(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& seed,
                        const at::Tensor& offset, const OptTensor& probs_out, const OptTensor& top_k,
-                       const OptTensor& top_p, const OptTensor& min_p, bool probs_input) {
+                       const OptTensor& top_p, const OptTensor& min_p, bool probs_input,
+                      const OptTensor& token_logprobs, bool logprobs_processed) {
   SampleLaunch L = prepare_sample(logits, temperature, seed, offset, probs_out, SamplingFilters{top_k, top_p, min_p},
-                                  probs_input, HostChecks::kScalarsOnly);
+                                  probs_input, TokenLogprobsArg{token_logprobs, logprobs_processed}, HostChecks::kScalarsOnly);
   if (L.params.B > 0) {
     L.tokens.fill_(kUnwritten);
     sample(L.params, L.logits_dtype);

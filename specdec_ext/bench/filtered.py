@@ -6,9 +6,14 @@ Rows (per device, B, V; temperature 0.8, top_k 50, top_p 0.9):
   probabilities plus a draw: what a user had to call before) and plain PyTorch (softmax,
   top-k threshold, sort + cumsum top-p, renormalise; Hugging Face's warpers);
 * logprobs: ``torch.ops.specdec.logprobs`` (token logprob, rank, top-5, raw law) for one
-  emitted token per row vs plain PyTorch (log_softmax, gather, a count for the rank, topk).
+  emitted token per row vs plain PyTorch (log_softmax, gather, a count for the rank, topk);
+* verify+logprobs: ``verify(..., logprobs=0)`` (K = 5 drafts that are the argmax of each
+  position, so most are accepted; raw law, written by the verify kernel from its own stats) vs
+  plain ``verify`` followed by PyTorch's second pass (log_softmax over [B, K+1, V], gather),
+  what a serving loop does without it; ``x verify`` is plain verify's time / ours (1.00x: the
+  logprobs cost nothing).
 
-The x columns divide the PyTorch (or sample) time by ours: above 1 means ours is faster.
+The x columns divide the PyTorch (or sample / verify) time by ours: above 1 means ours is faster.
 
     python -m specdec_ext.bench filtered [--quick] [--device cpu|cuda|all] [--json PATH]
 """
@@ -27,9 +32,11 @@ from .verify import torch_filter
 FULL = dict(B=[1, 8, 32], V=[32000, 128256])
 QUICK = dict(B=[1, 8], V=[32000])
 T, TOP_K, TOP_P, N_TOP = 0.8, 50, 0.9, 5
+K_DRAFTS = 5
 HEADER = f"{'op':<15}{'device':<7}{'B':>4}{'V':>8}  {'ours ms':>9}  {'torch ms':>9}  {'x torch':>7}  {'x sample':>8}"
 LEGEND = ("x torch = plain PyTorch time / ours; x sample = sample(..., probs_out=) time / filtered_probs "
-          "(the draw a probabilities-only caller no longer pays)")
+          "(the draw a probabilities-only caller no longer pays); for verify+logprobs: x torch = (verify + "
+          "log_softmax + gather) / verify(logprobs=0), and the last column = plain verify / verify(logprobs=0)")
 
 
 def torch_filtered_probs(logits: torch.Tensor) -> torch.Tensor:
@@ -83,7 +90,35 @@ def bench_rows(devices: Sequence[str], grid: Dict[str, list], print_row=print) -
                 rows.append(row)
                 print_row(f"{'logprobs':<15}{device:<7}{B:>4}{V:>8}  {t_lp * 1e3:>9.3f}  {t_tlp * 1e3:>9.3f}"
                           f"  {row['speedup']:>6.1f}x  {'':>8}")
+                rows.append(verify_logprobs_row(device, B, V, print_row))
     return rows
+
+
+def verify_logprobs_row(device: str, B: int, V: int, print_row=print) -> dict:
+    """verify(..., logprobs=0) against plain verify, and against plain verify + PyTorch's pass."""
+    g = torch.Generator().manual_seed(B * 7 + V)
+    logits = (torch.randn(B, K_DRAFTS + 1, V, generator=g) * 3).to(device)
+    drafts = logits[:, :K_DRAFTS].argmax(-1)
+
+    def ours():
+        return specdec_ext.verify(logits, drafts, None, T, seed=1, logprobs=0)
+
+    def plain():
+        return specdec_ext.verify(logits, drafts, None, T, seed=1)
+
+    def plain_then_torch():
+        res = specdec_ext.verify(logits, drafts, None, T, seed=1)
+        lp = torch.log_softmax(logits, -1).gather(-1, res.tokens.clamp(min=0).unsqueeze(-1))
+        return res, lp
+
+    t_ours, t_plain, t_torch = time_call(ours, device), time_call(plain, device), time_call(plain_then_torch, device)
+    row = dict(op="verify+logprobs", device=device, B=B, V=V, K=K_DRAFTS, fused_s=t_ours, verify_s=t_plain,
+               torch_s=t_torch, speedup=t_torch / t_ours, vs_verify=t_plain / t_ours,
+               alpha=float(ours()[0].num_accepted.float().mean()) / K_DRAFTS)
+    row.update(machine_load())
+    print_row(f"{'verify+logprobs':<15}{device:<7}{B:>4}{V:>8}  {t_ours * 1e3:>9.3f}  {t_torch * 1e3:>9.3f}"
+              f"  {row['speedup']:>6.1f}x  {row['vs_verify']:>7.2f}x")
+    return row
 
 
 def main(argv=None) -> int:

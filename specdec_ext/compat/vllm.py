@@ -57,7 +57,8 @@ Differences from vLLM, all deliberate:
   filtered law); the ``*_logits`` modes are not offered. Placeholder rows hold -1 ids and
   NaN logprobs (vLLM computes them on token 0 and drops them in ``parse_output``; so does
   the placeholder mask there). They come from :func:`specdec_ext.verify`'s ``logprobs=``:
-  one more launch over the emitted positions, no host sync. A greedy row's processed
+  the tokens' logprobs from verify's own softmax stats, the ranks and the top-n from one more
+  launch over the emitted positions, no host sync. A greedy row's processed
   logprobs are one-hot (0 at the argmax, -inf elsewhere: the law that row follows), where
   vLLM reports the softmax at temperature 1.
 """
@@ -70,7 +71,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Union
 import torch
 
 from .._validate import check_int
-from ..ops._args import bool_arg
+from ..ops._args import bool_arg, float_arg
 from ..ops._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype
 from ..ops.logprobs import MAX_TOP_LOGPROBS
 from ..ops.sampling import verify
@@ -406,6 +407,10 @@ class RejectionSampler(torch.nn.Module):
         if n is not None:
             res, lp = res
             rows = B * (K + 1)
+            if lp.token_ranks is None:  # n = 0: verify launched nothing more; the ranks vLLM reports
+                lp = lp._replace(token_ranks=torch.ops.specdec.logprobs(
+                    float_arg(target_logits), res.tokens, temp, top_k, top_p, min_p, 0,
+                    _LOGPROBS_MODES[self.logprobs_mode] == "processed")[1])
             tensors = LogprobsTensors(
                 torch.cat([res.tokens.unsqueeze(-1), lp.top_ids], -1).view(rows, n + 1).to(torch.int32),
                 torch.cat([lp.token_logprobs.unsqueeze(-1), lp.top_logprobs], -1).view(rows, n + 1),

@@ -32,17 +32,22 @@ class LogprobsResult(NamedTuple):
     0 .. num_accepted[b]), none for sample (its tensors drop the P dimension).
 
     token_logprobs float32 [B, P]: the logprob of the emitted token (NaN past a row's emitted
-                   tokens and for an invalid row)
-    token_ranks    int64 [B, P]: its 1-based rank, the number of tokens whose logit is >= its
-                   logit (vLLM's selected_token_ranks; 1 for a greedy row's processed law);
-                   -1 where no token
+                   tokens and for an invalid row). Written by the verify / sample kernel itself
+                   from the softmax stats it takes of each position (no further pass over the
+                   logits; the raw law's sum is taken in the same stats pass)
+    token_ranks    int64 [B, P], or None for n = 0: its 1-based rank, the number of tokens whose
+                   logit is >= its logit (vLLM's selected_token_ranks; 1 for a greedy row's
+                   processed law); -1 where no token
     top_ids        int64 [B, P, n]: the n most likely ids, best first (-1 where none)
     top_logprobs   float32 [B, P, n]: their logprobs (NaN where none; -inf for a processed
                    law's filtered-out token)
+
+    For n > 0, token_ranks and the top-n come from one more launch (``specdec::logprobs``: top-k's
+    counting passes over each emitted position); n = 0 launches nothing more.
     """
 
     token_logprobs: torch.Tensor
-    token_ranks: torch.Tensor
+    token_ranks: Optional[torch.Tensor]
     top_ids: torch.Tensor
     top_logprobs: torch.Tensor
 

@@ -121,9 +121,12 @@ def verify(
         the law is p / sum(p); a temperature T gives p^(1/T) renormalised.
     logprobs : None or int n in [0, 128]
         Also return the logprob of every emitted token and, for n > 0, the top-n (id,
-        logprob) at each emitted position (:class:`LogprobsResult`, P = K + 1). One more
-        launch over the emitted positions only (positions past a row's emitted tokens are
-        not read: NaN / -1 there), no host sync.
+        logprob) at each emitted position and the tokens' ranks (:class:`LogprobsResult`,
+        P = K + 1). The emitted tokens' logprobs are written by the verify kernel itself,
+        from the softmax stats it takes of each position (no further pass over the logits;
+        the raw law's sum is taken in the same stats pass). For n > 0, one more launch over
+        the emitted positions finds the top-n and the ranks (positions past a row's emitted
+        tokens are not read: NaN / -1 there). No host sync.
     logprobs_mode : "raw" | "processed"
         "raw": log softmax(target_logits) at T = 1, no filter. "processed": the log of the
         target's law p' at that position, the law the emitted tokens follow (temperature, then
@@ -142,13 +145,14 @@ def verify(
         raise TypeError(f"num_drafts must be None or an int tensor [B], got {type(num_drafts).__name__}")
     logits, t, filters = float_arg(target_logits), temperature_arg(temperature), filter_args(top_k, top_p, min_p)
     probs_input = bool_arg(probs_input, "probs_input")
+    token_lp = _token_logprobs_out(logits, lp, 3)
     tokens, num_accepted, valid = _OPS.verify(
         logits, draft_token_ids, float_arg(draft_probs), t, seed_arg(seed), int64_arg(offset, "offset"), *filters,
-        num_drafts, coupled, probs_input)
+        num_drafts, coupled, probs_input, token_lp, lp is not None and lp[1])
     result = VerifyResult(tokens, num_accepted, valid)
     if lp is None:
         return result
-    return result, LogprobsResult(*_OPS.logprobs(logits, tokens, t, *filters, *lp, probs_input))
+    return result, _logprobs_result(logits, tokens, token_lp, t, filters, lp, probs_input)
 
 
 def sample(
@@ -195,13 +199,32 @@ def sample(
     lp = logprobs_args(logprobs, logprobs_mode)
     x, t, filters = float_arg(logits), temperature_arg(temperature), filter_args(top_k, top_p, min_p)
     probs_input = bool_arg(probs_input, "probs_input")
-    tokens = _OPS.sample(x, t, seed_arg(seed), int64_arg(offset, "offset"), probs_out, *filters, probs_input)
+    token_lp = _token_logprobs_out(x, lp, 2)
+    tokens = _OPS.sample(x, t, seed_arg(seed), int64_arg(offset, "offset"), probs_out, *filters, probs_input,
+                         token_lp, lp is not None and lp[1])
     if lp is None:
         return tokens
-    if not isinstance(x, torch.Tensor) or x.dim() != 2:  # the op refused anything else already
-        raise ValueError(f"logits must be [B, V], got {tuple(getattr(x, 'shape', ()))}")
-    out = _OPS.logprobs(x.unsqueeze(1), tokens.unsqueeze(1), t, *filters, *lp, probs_input)
-    return tokens, LogprobsResult(*(o[:, 0] for o in out))
+    out = _logprobs_result(x.unsqueeze(1), tokens.unsqueeze(1), token_lp.unsqueeze(1), t, filters, lp, probs_input)
+    return tokens, LogprobsResult(*(o if o is None else o[:, 0] for o in out))
+
+
+def _token_logprobs_out(logits, lp, dim: int) -> Optional[torch.Tensor]:
+    """The token_logprobs buffer the op fills when logprobs are asked ([B, K+1] / [B] float32), else None.
+    Shapes the op would refuse get no buffer: the op's own error then names the argument."""
+    if lp is None or not isinstance(logits, torch.Tensor) or logits.dim() != dim:
+        return None
+    return torch.empty(tuple(logits.shape[:dim - 1]), dtype=torch.float32, device=logits.device)
+
+
+def _logprobs_result(logits, tokens, token_lp, t, filters, lp, probs_input) -> LogprobsResult:
+    """LogprobsResult from the op's token_logprobs; ranks and the top-n (n > 0) from specdec::logprobs,
+    one more launch over the emitted positions (the top-n needs its own passes)."""
+    num_top, processed = lp
+    if num_top == 0:  # no launch: no ranks, empty top-n
+        none = tokens.new_empty(tuple(tokens.shape) + (0,))
+        return LogprobsResult(token_lp, None, none, none.to(torch.float32))
+    _, ranks, top_ids, top_lp = _OPS.logprobs(logits, tokens, t, *filters, num_top, processed, probs_input)
+    return LogprobsResult(token_lp, ranks, top_ids, top_lp)
 
 
 # ---- fake (meta) kernels: output shapes / dtypes for torch.compile tracing ----
@@ -216,6 +239,17 @@ def _check_row_values_fake(temperature, seed, offset):
     check_dtype(offset, "offset", INDEX)
 
 
+def _check_token_logprobs_fake(token_logprobs, shape, text):
+    """verify / sample's optional token_logprobs output (float32, `shape`, contiguous)."""
+    if token_logprobs is None:
+        return
+    check_dtype(token_logprobs, "token_logprobs", (torch.float32,))
+    if tuple(token_logprobs.shape) != tuple(shape):
+        raise ValueError(f"token_logprobs must be {text} = {list(shape)}, got shape {tuple(token_logprobs.shape)}")
+    if not token_logprobs.is_contiguous():
+        raise ValueError(f"token_logprobs must be contiguous, got strides {token_logprobs.stride()}")
+
+
 def _check_filters_fake(top_k, top_p, min_p):
     for name, t, allowed in (("top_k", top_k, INDEX), ("top_p", top_p, FLOATS + (torch.float64,)),
                              ("min_p", min_p, FLOATS + (torch.float64,))):
@@ -226,10 +260,12 @@ def _check_filters_fake(top_k, top_p, min_p):
 
 @torch.library.register_fake("specdec::verify")
 def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, top_k=None, top_p=None,
-                 min_p=None, num_drafts=None, coupled=False, probs_input=False):
+                 min_p=None, num_drafts=None, coupled=False, probs_input=False, token_logprobs=None,
+                 logprobs_processed=False):
     check_devices(target_logits, "target_logits",
                   dict(draft_token_ids=draft_token_ids, draft_probs=draft_probs, temperature=temperature, seed=seed,
-                       offset=offset, top_k=top_k, top_p=top_p, min_p=min_p, num_drafts=num_drafts),
+                       offset=offset, top_k=top_k, top_p=top_p, min_p=min_p, num_drafts=num_drafts,
+                       token_logprobs=token_logprobs),
                   host_ok=_HOST_OK)
     _check_filters_fake(top_k, top_p, min_p)
     check_dim(num_drafts, "num_drafts", 1, "[B]")
@@ -242,6 +278,7 @@ def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed,
     check_dtype(draft_probs, "draft_probs", FLOATS)
     _check_row_values_fake(temperature, seed, offset)
     B, K1 = target_logits.shape[0], target_logits.shape[1]
+    _check_token_logprobs_fake(token_logprobs, (B, K1), "[B, K+1]")
     tokens = target_logits.new_empty((B, K1), dtype=torch.int64)
     num_accepted = target_logits.new_empty((B,), dtype=torch.int64)
     valid = target_logits.new_empty((B,), dtype=torch.bool)
@@ -249,13 +286,16 @@ def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed,
 
 
 @torch.library.register_fake("specdec::sample")
-def _sample_fake(logits, temperature, seed, offset, probs_out, top_k=None, top_p=None, min_p=None, probs_input=False):
+def _sample_fake(logits, temperature, seed, offset, probs_out, top_k=None, top_p=None, min_p=None, probs_input=False,
+                 token_logprobs=None, logprobs_processed=False):
     check_devices(logits, "logits", dict(temperature=temperature, seed=seed, offset=offset, probs_out=probs_out,
-                                         top_k=top_k, top_p=top_p, min_p=min_p), host_ok=_HOST_OK)
+                                         top_k=top_k, top_p=top_p, min_p=min_p, token_logprobs=token_logprobs),
+                  host_ok=_HOST_OK)
     _check_filters_fake(top_k, top_p, min_p)
     check_dim(logits, "logits", 2, "[B, V]")
     check_dim(probs_out, "probs_out", 2, "[B, V]")
     check_dtype(logits, "logits", (torch.float32,) if probs_input else FLOATS)
     check_dtype(probs_out, "probs_out", (torch.float32,))
     _check_row_values_fake(temperature, seed, offset)
+    _check_token_logprobs_fake(token_logprobs, (logits.shape[0],), "[B]")
     return logits.new_empty((logits.shape[0],), dtype=torch.int64)
