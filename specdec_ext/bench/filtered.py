@@ -11,7 +11,9 @@ Rows (per device, B, V; temperature 0.8, top_k 50, top_p 0.9):
   position, so most are accepted; raw law, written by the verify kernel from its own stats) vs
   plain ``verify`` followed by PyTorch's second pass (log_softmax over [B, K+1, V], gather),
   what a serving loop does without it; ``x verify`` is plain verify's time / ours (1.00x: the
-  logprobs cost nothing).
+  logprobs cost nothing). The raw law at T = 0.8 needs a second sum of exponentials (taken in
+  the same pass); the JSON also holds the processed law's time (``fused_processed_s``), whose
+  logprobs need no new sum.
 
 The x columns divide the PyTorch (or sample / verify) time by ours: above 1 means ours is faster.
 
@@ -33,7 +35,7 @@ FULL = dict(B=[1, 8, 32], V=[32000, 128256])
 QUICK = dict(B=[1, 8], V=[32000])
 T, TOP_K, TOP_P, N_TOP = 0.8, 50, 0.9, 5
 K_DRAFTS = 5
-HEADER = f"{'op':<15}{'device':<7}{'B':>4}{'V':>8}  {'ours ms':>9}  {'torch ms':>9}  {'x torch':>7}  {'x sample':>8}"
+HEADER = f"{'op':<16}{'device':<7}{'B':>4}{'V':>8}  {'ours ms':>9}  {'torch ms':>9}  {'x torch':>7}  {'x sample':>8}"
 LEGEND = ("x torch = plain PyTorch time / ours; x sample = sample(..., probs_out=) time / filtered_probs "
           "(the draw a probabilities-only caller no longer pays); for verify+logprobs: x torch = (verify + "
           "log_softmax + gather) / verify(logprobs=0), and the last column = plain verify / verify(logprobs=0)")
@@ -75,7 +77,7 @@ def bench_rows(devices: Sequence[str], grid: Dict[str, list], print_row=print) -
                            torch_s=t_torch, speedup=t_torch / t_ours, vs_sample=t_sample / t_ours)
                 row.update(machine_load())
                 rows.append(row)
-                print_row(f"{'filtered_probs':<15}{device:<7}{B:>4}{V:>8}  {t_ours * 1e3:>9.3f}  {t_torch * 1e3:>9.3f}"
+                print_row(f"{'filtered_probs':<16}{device:<7}{B:>4}{V:>8}  {t_ours * 1e3:>9.3f}  {t_torch * 1e3:>9.3f}"
                           f"  {row['speedup']:>6.1f}x  {row['vs_sample']:>7.2f}x")
                 x3, tok2 = logits.unsqueeze(1), tokens.view(B, 1)
                 one = torch.tensor(1.0)
@@ -88,7 +90,7 @@ def bench_rows(devices: Sequence[str], grid: Dict[str, list], print_row=print) -
                 row = dict(op="logprobs", device=device, B=B, V=V, fused_s=t_lp, torch_s=t_tlp, speedup=t_tlp / t_lp)
                 row.update(machine_load())
                 rows.append(row)
-                print_row(f"{'logprobs':<15}{device:<7}{B:>4}{V:>8}  {t_lp * 1e3:>9.3f}  {t_tlp * 1e3:>9.3f}"
+                print_row(f"{'logprobs':<16}{device:<7}{B:>4}{V:>8}  {t_lp * 1e3:>9.3f}  {t_tlp * 1e3:>9.3f}"
                           f"  {row['speedup']:>6.1f}x  {'':>8}")
                 rows.append(verify_logprobs_row(device, B, V, print_row))
     return rows
@@ -103,6 +105,9 @@ def verify_logprobs_row(device: str, B: int, V: int, print_row=print) -> dict:
     def ours():
         return specdec_ext.verify(logits, drafts, None, T, seed=1, logprobs=0)
 
+    def ours_processed():
+        return specdec_ext.verify(logits, drafts, None, T, seed=1, logprobs=0, logprobs_mode="processed")
+
     def plain():
         return specdec_ext.verify(logits, drafts, None, T, seed=1)
 
@@ -112,11 +117,13 @@ def verify_logprobs_row(device: str, B: int, V: int, print_row=print) -> dict:
         return res, lp
 
     t_ours, t_plain, t_torch = time_call(ours, device), time_call(plain, device), time_call(plain_then_torch, device)
+    t_proc = time_call(ours_processed, device)
     row = dict(op="verify+logprobs", device=device, B=B, V=V, K=K_DRAFTS, fused_s=t_ours, verify_s=t_plain,
-               torch_s=t_torch, speedup=t_torch / t_ours, vs_verify=t_plain / t_ours,
+               torch_s=t_torch, speedup=t_torch / t_ours, vs_verify=t_plain / t_ours, fused_processed_s=t_proc,
+               vs_verify_processed=t_plain / t_proc,
                alpha=float(ours()[0].num_accepted.float().mean()) / K_DRAFTS)
     row.update(machine_load())
-    print_row(f"{'verify+logprobs':<15}{device:<7}{B:>4}{V:>8}  {t_ours * 1e3:>9.3f}  {t_torch * 1e3:>9.3f}"
+    print_row(f"{'verify+logprobs':<16}{device:<7}{B:>4}{V:>8}  {t_ours * 1e3:>9.3f}  {t_torch * 1e3:>9.3f}"
               f"  {row['speedup']:>6.1f}x  {row['vs_verify']:>7.2f}x")
     return row
 
