@@ -682,6 +682,43 @@ void verify_rows(const VerifyParams& P) {
   });
 }
 
+// The law of one sample / filtered_probs / mask_logits row up to the draw: invalid (NaN /
+// +inf / all -inf logits, an unusable temperature or filter), greedy (the first argmax), or
+// sampled (its cutoff and filtered stats; raw_sum too when raw token_logprobs are asked).
+struct SampleRowLaw {
+  enum Kind { kInvalid, kGreedy, kSampled } kind = kInvalid;
+  float m = 0.0f, inv_t = 1.0f, cut = kNoCut, raw_sum = 0.0f;
+  int64_t arg = 0;
+  SoftmaxStats st{};
+};
+
+template <typename TL>
+SampleRowLaw sample_row_law(const SampleParams& P, int64_t b, const TL* row) {
+  SampleRowLaw L;
+  const float temperature = P.temperature.get(b);
+  const FilterSpec filter = P.filters.get(b);
+  float topk_cut;
+  const bool greedy = temperature == 0.0f;
+  const bool fuse = !greedy && valid_filter(filter) && topk_cuts(filter, P.V);
+  position_max(row, P.V, greedy, fuse, filter, L.m, L.arg, topk_cut);
+  if (!valid_temperature(temperature) || !valid_filter(filter) || !usable_max(L.m)) return L;
+  if (greedy) {
+    L.kind = SampleRowLaw::kGreedy;
+    return L;
+  }
+  L.kind = SampleRowLaw::kSampled;
+  L.inv_t = 1.0f / temperature;
+  L.st = filtered_stats(row, P.V, L.m, L.inv_t, filter, L.cut, fuse ? &topk_cut : nullptr,
+                        P.logprobs.raw() ? &L.raw_sum : nullptr);
+  return L;
+}
+
+// The probabilities of a row without a sampled law: one-hot at `arg` (greedy), all 0 (arg < 0: invalid).
+inline void point_probs(float* probs, int64_t V, int64_t arg) {
+  std::fill(probs, probs + V, 0.0f);
+  if (arg >= 0) probs[arg] = 1.0f;
+}
+
 template <typename TL>
 void sample_rows(const SampleParams& P) {
   for_each_row(P.B, [&](int64_t b) {
@@ -690,36 +727,21 @@ void sample_rows(const SampleParams& P) {
     float* probs = P.probs_out ? P.probs_out + b * P.probs_stride_b : nullptr;
     P.tokens[b] = -1;
     if (P.logprobs.out) P.logprobs.out[b] = std::numeric_limits<float>::quiet_NaN();
-    const float temperature = P.temperature.get(b);
-    const FilterSpec filter = P.filters.get(b);
-    float m, topk_cut;
-    int64_t arg;
-    const bool greedy = temperature == 0.0f;
-    const bool fuse = !greedy && valid_filter(filter) && topk_cuts(filter, V);
-    position_max(row, V, greedy, fuse, filter, m, arg, topk_cut);
-    if (!valid_temperature(temperature) || !valid_filter(filter) || !usable_max(m)) {  // invalid: -1, probs 0
-      if (probs) std::fill(probs, probs + V, 0.0f);
+    const SampleRowLaw L = sample_row_law(P, b, row);
+    if (L.kind == SampleRowLaw::kInvalid) {  // invalid: -1, probs 0
+      if (probs) point_probs(probs, V, -1);
       return;
     }
-    if (greedy) {
-      P.tokens[b] = arg;
-      if (probs) {
-        std::fill(probs, probs + V, 0.0f);
-        probs[arg] = 1.0f;
-      }
-      if (P.logprobs.out)
-        P.logprobs.out[b] = position_logprob(P.logprobs, row, V, arg, true, m, 1.0f, kNoCut, 0.0f, 0.0f);
-      return;
+    if (L.kind == SampleRowLaw::kGreedy) {
+      P.tokens[b] = L.arg;
+      if (probs) point_probs(probs, V, L.arg);
+    } else {
+      race_row<TL, float>(row, V, L.inv_t, L.st, L.cut, QMode::kNone, nullptr, -1, make_row_rng(P.rnd, b),
+                          kStreamSampleTile, kStreamSampleRace, 0, probs, P.tokens[b]);
     }
-    const float inv_t = 1.0f / temperature;
-    const RowRng rng = make_row_rng(P.rnd, b);
-    float cut, raw_sum = 0.0f;
-    const SoftmaxStats st = filtered_stats(row, V, m, inv_t, filter, cut, fuse ? &topk_cut : nullptr,
-                                           P.logprobs.raw() ? &raw_sum : nullptr);
-    race_row<TL, float>(row, V, inv_t, st, cut, QMode::kNone, nullptr, -1, rng, kStreamSampleTile, kStreamSampleRace,
-                        0, probs, P.tokens[b]);
     if (P.logprobs.out)
-      P.logprobs.out[b] = position_logprob(P.logprobs, row, V, P.tokens[b], false, m, inv_t, cut, st.sum, raw_sum);
+      P.logprobs.out[b] = position_logprob(P.logprobs, row, V, P.tokens[b], L.kind == SampleRowLaw::kGreedy, L.m,
+                                           L.inv_t, L.cut, L.st.sum, L.raw_sum);
   });
 }
 
@@ -740,50 +762,38 @@ void filtered_rows(const SampleParams& P) {
       if constexpr (std::is_same_v<TL, ProbAsLogit>) return static_cast<float>(row[v]);
       else return row[v];
     };
-    const float temperature = P.temperature.get(b);
-    const FilterSpec filter = P.filters.get(b);
-    float m, topk_cut;
-    int64_t arg;
-    const bool greedy = temperature == 0.0f;
-    const bool fuse = !greedy && valid_filter(filter) && topk_cuts(filter, V);
-    position_max(row, V, greedy, fuse, filter, m, arg, topk_cut);
+    const SampleRowLaw L = sample_row_law(P, b, row);
     const Out kNegInf(-std::numeric_limits<float>::infinity());
-    if (!valid_temperature(temperature) || !valid_filter(filter) || !usable_max(m)) {
-      if (probs) std::fill(probs, probs + V, 0.0f);
+    if (L.kind == SampleRowLaw::kInvalid) {
+      if (probs) point_probs(probs, V, -1);
       if (masked) std::fill(masked, masked + V, Out(std::numeric_limits<float>::quiet_NaN()));
       return;
     }
-    if (greedy) {
-      if (probs) {
-        std::fill(probs, probs + V, 0.0f);
-        probs[arg] = 1.0f;
-      }
+    if (L.kind == SampleRowLaw::kGreedy) {
+      if (probs) point_probs(probs, V, L.arg);
       if (masked) {
         std::fill(masked, masked + V, kNegInf);
-        masked[arg] = logit_at(arg);
+        masked[L.arg] = logit_at(L.arg);
       }
       return;
     }
-    const float inv_t = 1.0f / temperature;
-    float cut;
-    const SoftmaxStats st = filtered_stats(row, V, m, inv_t, filter, cut, fuse ? &topk_cut : nullptr);
     if (masked) {
       alignas(64) float buf[kTile];
       for (int64_t v0 = 0; v0 < V; v0 += kTile) {
         const int64_t n = std::min(kTile, V - v0);
         const float* x = tile_as_float(row, v0, n, buf);
-        for (int64_t k = 0; k < n; ++k) masked[v0 + k] = x[k] >= cut ? logit_at(v0 + k) : kNegInf;
+        for (int64_t k = 0; k < n; ++k) masked[v0 + k] = x[k] >= L.cut ? logit_at(v0 + k) : kNegInf;
       }
     }
     if (probs) {
       alignas(64) float w[kRaceTile];
       for (int64_t v0 = 0; v0 < V; v0 += kRaceTile) {
         const int64_t n = std::min(kRaceTile, V - v0);
-        if (cut > kNoCut && !any_at_least(tile_as_float(row, v0, n, w), n, cut)) {
+        if (L.cut > kNoCut && !any_at_least(tile_as_float(row, v0, n, w), n, L.cut)) {
           std::fill(probs + v0, probs + v0 + n, 0.0f);
           continue;
         }
-        tile_weights<TL, float>(row, nullptr, QMode::kNone, -1, v0, n, inv_t, st, cut, w, probs + v0);
+        tile_weights<TL, float>(row, nullptr, QMode::kNone, -1, v0, n, L.inv_t, L.st, L.cut, w, probs + v0);
       }
     }
   });
