@@ -42,30 +42,47 @@ void logprob_position(const LogprobParams& P, int64_t b, int64_t i) {
   if (!usable_max(m) || (P.processed && (!valid_temperature(t) || !valid_filter(f)))) return;  // no law: NaN
   law.m = m;
   law.greedy = P.processed && t == 0.0f;
-  if (!law.greedy) {
-    law.inv_t = P.processed ? 1.0f / t : 1.0f;
-    const FilterSpec none;
+  const FilterSpec none;
+  const FilterSpec& law_filter = P.processed ? f : none;
+  // a law without a cut (raw, or processed with no filter on) takes its sum in the rank / top-n
+  // pass below, with row_sum_exp's operations in its order (the same bits, one read less)
+  const bool fused_sum = !law.greedy && !filter_on(law_filter, V);
+  if (!law.greedy) law.inv_t = P.processed ? 1.0f / t : 1.0f;
+  if (!law.greedy && !fused_sum) {
     float cut;
-    const SoftmaxStats st = filtered_stats(row, V, m, law.inv_t, P.processed ? f : none, cut, nullptr);
+    const SoftmaxStats st = filtered_stats(row, V, m, law.inv_t, law_filter, cut, nullptr);
     law.cut = cut;
     law.log_s = std::log(st.sum);
   }
-  // one pass: the token's rank (logits >= its logit) and the top-n candidates (>= c)
+  // one pass: the token's rank (logits >= its logit), the top-n candidates (>= c) and, for a
+  // law without a cut, the sum of exp((l - m) * inv_t)
   const bool has_token = token < V;
   const float xt = has_token ? static_cast<float>(row[token]) : 0.0f;
   int64_t rank = 0;
   std::vector<std::pair<float, int64_t>> top;
   top.reserve(static_cast<size_t>(std::min(n, V)));
   alignas(64) float buf[kTile];
-  if ((has_token && !law.greedy) || n > 0) {
-    for (int64_t v0 = 0; v0 < V; v0 += kTile) {
-      const int64_t cnt = std::min(kTile, V - v0);
-      const float* x = tile_as_float(row, v0, cnt, buf);
-      for (int64_t k = 0; k < cnt; ++k) {
-        rank += x[k] >= xt ? 1 : 0;
-        if (n > 0 && x[k] >= c) top.emplace_back(x[k], v0 + k);
+  if ((has_token && !law.greedy) || n > 0 || fused_sum) {
+    with_unit_t(law.inv_t, [&](auto unit_t) {
+      const Vec va(law.inv_t), vm(m);
+      Vec acc(0.0f);
+      float tail = 0.0f;
+      for (int64_t v0 = 0; v0 < V; v0 += kTile) {
+        const int64_t cnt = std::min(kTile, V - v0);
+        const float* x = tile_as_float(row, v0, cnt, buf);
+        if (fused_sum) {
+          int64_t k = 0;
+          for (; k + Vec::size() <= cnt; k += Vec::size())
+            acc = acc + shifted_exp_vec<decltype(unit_t)::value>(Vec::loadu(x + k), vm, va);
+          for (; k < cnt; ++k) tail += shifted_exp(x[k], m, law.inv_t);
+        }
+        for (int64_t k = 0; k < cnt; ++k) {
+          rank += x[k] >= xt ? 1 : 0;
+          if (n > 0 && x[k] >= c) top.emplace_back(x[k], v0 + k);
+        }
       }
-    }
+      if (fused_sum) law.log_s = std::log(hsum(acc) + tail);
+    });
   }
   const auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b2) {
     return ranks_before(a.first, a.second, b2.first, b2.second);
