@@ -1,5 +1,6 @@
 """logprobs on the CUDA kernel (the ``gpu`` fixture: emulated on every machine, and on a GPU
 where there is one): the CPU kernel's ids and ranks, logprobs within rounding."""
+import pytest
 import torch
 
 import specdec_ext
@@ -51,3 +52,21 @@ def test_token_logprobs_gpu(gpu):
             ref_tok, ref_lp = specdec_ext.sample(x, temps, seed=4, logprobs=0, logprobs_mode=mode, **filters)
             assert torch.equal(tok.cpu(), ref_tok)
             torch.testing.assert_close(lp.token_logprobs.cpu(), ref_lp.token_logprobs, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.simt
+def test_emulated_logprobs_run_the_emulated_kernels(monkeypatch):
+    """The emulated wrappers' second launch (top-n and ranks, n > 0) goes to the emulated
+    logprobs kernel, never to the CPU op (the real namespace is made to raise)."""
+    import specdec_ext.ops.sampling as sampling_ops
+    from specdec_ext.testing import simt
+
+    class _NoRealOps:
+        def __getattr__(self, name):
+            raise AssertionError(f"the emulated wrapper called torch.ops.specdec.{name}")
+
+    monkeypatch.setattr(sampling_ops, "_OPS", _NoRealOps())
+    x = _tied_logits(2, 2, 64, torch.float32, seed=6)
+    res, lp = simt.verify(x, x[:, :1].argmax(-1), None, 1.0, seed=1, logprobs=2)
+    tok, lp1 = simt.sample(x[:, 0], 1.0, seed=1, logprobs=2)
+    assert lp.top_ids.shape == (2, 2, 2) and lp1.top_ids.shape == (2, 2) and lp1.token_ranks is not None

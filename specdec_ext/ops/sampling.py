@@ -152,7 +152,7 @@ def verify(
     result = VerifyResult(tokens, num_accepted, valid)
     if lp is None:
         return result
-    return result, _logprobs_result(logits, tokens, token_lp, t, filters, lp, probs_input)
+    return result, _logprobs_result(_OPS, logits, tokens, token_lp, t, filters, lp, probs_input)
 
 
 def sample(
@@ -204,7 +204,8 @@ def sample(
                          token_lp, lp is not None and lp[1])
     if lp is None:
         return tokens
-    out = _logprobs_result(x.unsqueeze(1), tokens.unsqueeze(1), token_lp.unsqueeze(1), t, filters, lp, probs_input)
+    out = _logprobs_result(_OPS, x.unsqueeze(1), tokens.unsqueeze(1), token_lp.unsqueeze(1), t, filters, lp,
+                           probs_input)
     return tokens, LogprobsResult(*(o if o is None else o[:, 0] for o in out))
 
 
@@ -216,14 +217,15 @@ def _token_logprobs_out(logits, lp, dim: int) -> Optional[torch.Tensor]:
     return torch.empty(tuple(logits.shape[:dim - 1]), dtype=torch.float32, device=logits.device)
 
 
-def _logprobs_result(logits, tokens, token_lp, t, filters, lp, probs_input) -> LogprobsResult:
+def _logprobs_result(ops, logits, tokens, token_lp, t, filters, lp, probs_input) -> LogprobsResult:
     """LogprobsResult from the op's token_logprobs; ranks and the top-n (n > 0) from specdec::logprobs,
-    one more launch over the emitted positions (the top-n needs its own passes)."""
+    one more launch over the emitted positions (the top-n needs its own passes). ``ops``: the
+    calling wrapper's op namespace (specdec_ext.testing.simt rebinds the wrappers' ``_OPS``)."""
     num_top, processed = lp
     if num_top == 0:  # no launch: no ranks, empty top-n
         none = tokens.new_empty(tuple(tokens.shape) + (0,))
         return LogprobsResult(token_lp, None, none, none.to(torch.float32))
-    _, ranks, top_ids, top_lp = _OPS.logprobs(logits, tokens, t, *filters, num_top, processed, probs_input)
+    _, ranks, top_ids, top_lp = ops.logprobs(logits, tokens, t, *filters, num_top, processed, probs_input)
     return LogprobsResult(token_lp, ranks, top_ids, top_lp)
 
 
