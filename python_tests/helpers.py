@@ -130,3 +130,19 @@ def reference_model(hf, cache="contiguous"):
 
     m = LlamaModel.from_state_dict(hf.config, hf.state_dict(), dtype=torch.float64)
     return LlamaSpecModel(m, cache=cache, block_size=4) if cache == "paged" else LlamaSpecModel(m)
+
+
+class CountingOps:
+    """Stands in for torch.ops.specdec in the wrappers (monkeypatch specdec_ext.ops.sampling._OPS):
+    counts each op called through it (``calls``: name -> count); ``_real`` is the namespace wrapped."""
+
+    def __init__(self, real):
+        self._real, self.calls = real, {}
+
+    def __getattr__(self, name):
+        op = getattr(self._real, name)
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return op(*args, **kwargs)
+        return counted

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import specdec_ext
-from helpers import draws
+from helpers import CountingOps, draws
 import specdec_ext.ops.sampling as sampling_ops
 from specdec_ext.compat.vllm import (PLACEHOLDER_TOKEN_ID, RejectionSampler, SamplerOutput, SamplingMetadata,
                                      SpecDecodeMetadata)
@@ -591,21 +591,6 @@ def test_good_call_of_the_error_table_runs():
 
 
 # ------------------------------------------------------------ one op call, no host sync
-class _CountingOps:
-    """Stands in for torch.ops.specdec in the wrappers: counts each op called through it."""
-
-    def __init__(self, real):
-        self._real, self.calls = real, {}
-
-    def __getattr__(self, name):
-        op = getattr(self._real, name)
-
-        def counted(*args, **kwargs):
-            self.calls[name] = self.calls.get(name, 0) + 1
-            return op(*args, **kwargs)
-        return counted
-
-
 def _busy_step():
     """A step with everything on: ragged drafts, draft probs, greedy and random rows, filters,
     generators for some requests."""
@@ -618,7 +603,7 @@ def _busy_step():
 
 
 def test_forward_makes_exactly_one_verify_call(monkeypatch):
-    counter = _CountingOps(sampling_ops._OPS)
+    counter = CountingOps(sampling_ops._OPS)
     monkeypatch.setattr(sampling_ops, "_OPS", counter)
     md, q, logits, sm = _busy_step()
     RejectionSampler()(md, q, logits, sm)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import specdec_ext
+from helpers import CountingOps
 from stats_reference import filtered_softmax64
 
 NAN = float("nan")
@@ -162,21 +163,6 @@ def test_logprobs_opcheck_and_compile():
 
 # ---- the emitted tokens' logprobs from verify / sample's own stats (token_logprobs) ----
 
-class _CountingOps:
-    """Stands in for torch.ops.specdec in the wrappers: counts each op called through it."""
-
-    def __init__(self, real):
-        self._real, self.calls = real, {}
-
-    def __getattr__(self, name):
-        op = getattr(self._real, name)
-
-        def counted(*args, **kwargs):
-            self.calls[name] = self.calls.get(name, 0) + 1
-            return op(*args, **kwargs)
-        return counted
-
-
 _CASES = {  # name -> (verify kwargs, temperatures of the 6 rows)
     "sampled": (dict(), [0.7, 1.0, 0.0, 1.3, 0.9, 1.0]),
     "top_k": (dict(top_k=7), [0.7, 1.0, 0.0, 1.3, 0.9, 1.0]),
@@ -212,7 +198,7 @@ def test_verify_token_logprobs_from_own_stats(variant, monkeypatch, case, mode, 
     import specdec_ext.ops.sampling as sampling_ops
 
     logits, temps, args, kw = _verify_case(case, dtype, variant)
-    counter = _CountingOps(sampling_ops._OPS)
+    counter = CountingOps(sampling_ops._OPS)
     monkeypatch.setattr(sampling_ops, "_OPS", counter)
     res, lp = specdec_ext.verify(*args, logprobs=0, logprobs_mode=mode, **kw)
     assert counter.calls == {"verify": 1}
@@ -254,7 +240,7 @@ def test_sample_token_logprobs_from_own_stats(variant, monkeypatch, mode):
     for filters, probs_input in ((dict(), False), (dict(top_k=20), False), (dict(top_p=0.7, min_p=0.05), False),
                                  (dict(), True), (dict(top_k=5), True)):
         x = torch.softmax(logits * 0.7, -1) * 3.0 if probs_input else logits
-        counter = _CountingOps(sampling_ops._OPS)
+        counter = CountingOps(sampling_ops._OPS)
         monkeypatch.setattr(sampling_ops, "_OPS", counter)
         tokens, lp = specdec_ext.sample(x.to(variant), temps.to(variant), seed=5, logprobs=0, logprobs_mode=mode,
                                         probs_input=probs_input, **filters)
