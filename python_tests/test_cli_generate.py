@@ -2,13 +2,13 @@
 rounds (median and spread), a prompt too long for the model refused in one line before any
 run, --target without --draft under the n-gram drafter, --help with defaults and alpha
 explained, --hf without transformers, and the machine's load in the summary."""
-import subprocess
 import sys
 import types
 
 import pytest
 import torch
 
+import cli_runner
 from specdec_ext import SpeculativeEngine, bundled, generate
 
 LONG = ["5"] * 2040  # the bundled pair holds 2048 positions
@@ -98,8 +98,7 @@ def test_loaded_models_limits_are_checked_before_any_run(capsys, monkeypatch, co
 
 
 def test_too_long_prompt_via_the_command_line():
-    r = subprocess.run([sys.executable, "-m", "specdec_ext.generate", "--prompt-ids", *LONG, "--max-new-tokens",
-                        "20"], capture_output=True, text=True, timeout=300)
+    r = cli_runner.run(["-m", "specdec_ext.generate", "--prompt-ids", *LONG, "--max-new-tokens", "20"], timeout=300)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "Traceback" not in r.stderr and "holds 2048" in r.stderr
 

@@ -2,12 +2,11 @@
 reproduce, misuse is refused up front with one clear error, capacity is exactly what a run
 needs, bad model outputs name the model and the step."""
 import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 
+import cli_runner
 import specdec_ext
 from helpers import draws
 from specdec_ext import SpeculativeEngine, bundled
@@ -146,8 +145,7 @@ def test_paged_cache_without_enough_blocks_fails_before_the_first_forward():
 
 # ---------------------------------------------------------------- CLI
 def _cli(*args):
-    r = subprocess.run([sys.executable, "-m", "specdec_ext.generate", *args], capture_output=True, text=True,
-                       timeout=300)
+    r = cli_runner.run(["-m", "specdec_ext.generate", *args], timeout=300)
     return r.returncode, r.stdout, r.stderr
 
 

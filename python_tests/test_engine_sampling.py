@@ -2,13 +2,11 @@
 per-row seeds in generate(), coupled verification (the text equals target-only sampling with
 the same seed, whatever K, the draft, adaptive K or the batch), per-row K (verify's
 ``num_drafts``), the CLI flags, and bad values refused before anything runs."""
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
 
+import cli_runner
 from helpers import assert_cache_matches_prefill, draws, near_copy, ragged_prompts, reference_model, tiny_llama
 import specdec_ext
 from specdec_ext import SpecDecMetrics, SpeculativeEngine
@@ -332,8 +330,7 @@ def test_bad_verify_mode(mode):
 
 # ---------------------------------------------------------------- CLI
 def _cli(*args):
-    r = subprocess.run([sys.executable, "-m", "specdec_ext.generate", *args], capture_output=True, text=True,
-                       timeout=300)
+    r = cli_runner.run(["-m", "specdec_ext.generate", *args], timeout=300)
     return r.returncode, r.stdout, r.stderr
 
 

@@ -4,7 +4,6 @@ rollback is exercised), its sampled output equals SpeculativeEngine's with the s
 (the same RNG offsets), and the script runs from the command line."""
 import importlib.util
 import os
-import subprocess
 import sys
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+import cli_runner  # noqa: E402
 from specdec_ext import SpeculativeEngine, bundled  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,14 +78,12 @@ def test_eos_stops_the_loop(example, pair64):
 
 
 def test_script_runs_and_checks_itself():
-    r = subprocess.run([sys.executable, SCRIPT, "--check", "--max-new-tokens", "16"], capture_output=True,
-                       text=True, timeout=300)
+    r = cli_runner.run([SCRIPT, "--check", "--max-new-tokens", "16"], timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("def fibonacci(n):")
     assert "check: equal to target.generate (greedy), 16 tokens" in r.stdout
 
 
 def test_script_refuses_check_when_sampling():
-    r = subprocess.run([sys.executable, SCRIPT, "--check", "--temperature", "1"], capture_output=True, text=True,
-                       timeout=120)
+    r = cli_runner.run([SCRIPT, "--check", "--temperature", "1"], timeout=120)
     assert r.returncode == 2 and "--check compares with greedy generate" in r.stderr
