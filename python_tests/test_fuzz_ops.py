@@ -31,10 +31,12 @@ Which calls must be refused, may be refused, or must succeed (see ``Verdict``):
 * anything else (e.g. ``paged_kv_gather(key_cache, key_cache, ...)``) must succeed.
 
 Crash isolation: ``test_fuzz[target]`` runs ``python test_fuzz_ops.py <target>`` in a
-subprocess (two at a time), so a segfault is a test failure naming the op, the signal and
-the last example tried. Profiles: ``ci`` (default: 200 examples per target, derandomized),
-``quick`` (the default under ``SPECDEC_QUICK=1``, ``scripts/test.sh --quick``: ci with
-QUICK_EXAMPLES examples) and ``long`` (``SPECDEC_FUZZ_PROFILE=long``: 5000 examples, random).
+subprocess (two at a time; one per worker under pytest-xdist), so a segfault is a test
+failure naming the op, the signal and the last example tried. The subprocess is a fork of
+cli_runner's helper, which imported torch and specdec_ext once (cli_runner.py).
+Profiles: ``ci`` (default: 200 examples per target, derandomized), ``quick`` (the default
+under ``SPECDEC_QUICK=1``, ``scripts/test.sh --quick``: ci with QUICK_EXAMPLES examples)
+and ``long`` (``SPECDEC_FUZZ_PROFILE=long``: 5000 examples, random).
 
 Run:  pytest python_tests/test_fuzz_ops.py -q
       SPECDEC_FUZZ_PROFILE=long pytest python_tests/test_fuzz_ops.py -q
@@ -2750,12 +2752,19 @@ _TIMEOUT_S = 1800 if PROFILE == "long" else 600
 
 
 def _spawn(name: str):
+    """Run ``python test_fuzz_ops.py name`` (in a fork of cli_runner's helper, which imported
+    torch and specdec_ext once): (exit status or None on a timeout, its output, the last
+    example it tried)."""
+    import cli_runner
+
     with tempfile.NamedTemporaryFile("w+", suffix=".txt", delete=False) as f:
         last = f.name
-    env = dict(os.environ, SPECDEC_FUZZ_LAST=last, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
+    # OMP_NUM_THREADS and PYTHONFAULTHANDLER act at start-up, which a fork of cli_runner's helper
+    # skips: run_target() does the same itself (torch.set_num_threads(1), faulthandler.enable())
+    env = dict(SPECDEC_FUZZ_LAST=last, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     try:
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), name], capture_output=True, text=True,
-                              env=env, timeout=_TIMEOUT_S, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        proc = cli_runner.run([os.path.abspath(__file__), name], extra_env=env, timeout=_TIMEOUT_S,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         rc, out = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as e:
         rc, out = None, f"timed out after {_TIMEOUT_S} s\n{e.stdout or ''}{e.stderr or ''}"
@@ -2765,13 +2774,27 @@ def _spawn(name: str):
     return rc, out, last_case
 
 
+class _Runs(dict):
+    """target -> a Future of _spawn(target); a target not started ahead runs when asked for."""
+
+    def __missing__(self, name):
+        self[name] = concurrent.futures.Future()
+        self[name].set_result(_spawn(name))
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def fuzz_runs(request):
-    """Start the selected targets' subprocesses (os.cpu_count() at a time) on first use."""
+    """Start the selected targets' subprocesses (os.cpu_count() at a time, at most 4) on first
+    use. A pytest-xdist worker runs a share of the tests it does not know ahead: there each
+    target runs when its test does (the workers side by side are the parallelism)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        yield _Runs()
+        return
     wanted = [item.callspec.params["target"] for item in request.session.items
               if getattr(item, "originalname", None) == "test_fuzz" and hasattr(item, "callspec")]
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
-    futures = {name: pool.submit(_spawn, name) for name in wanted}
+    futures = _Runs((name, pool.submit(_spawn, name)) for name in wanted)
     yield futures
     pool.shutdown(wait=True)
 
