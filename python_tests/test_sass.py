@@ -1,7 +1,11 @@
 """Static checks of the built CUDA kernels (no GPU needed; `python -m specdec_ext.bench sass`):
 no register spills in any of our kernels, <= 80 registers for verify / sample /
 filtered_probs (3 blocks of 256 threads per SM on an H200), and at least one 128-bit global
-load in every verify, sample and filtered_probs / mask_logits instantiation. Skipped on a CPU-only build or when no cuobjdump is found."""
+load in every verify, sample and filtered_probs / mask_logits instantiation. Skipped on a CPU-only build or when no cuobjdump is found.
+The analysis is kept in pytest's cache under the hashes of the library and the tools (_analysis)."""
+import hashlib
+import shutil
+
 import pytest
 
 from specdec_ext.bench import sass
@@ -19,7 +23,7 @@ N_FILTERED = N_LOGITS + 3
 
 
 @pytest.fixture(scope="module")
-def rows():
+def rows(request):
     lib = sass.find_library()
     if not lib:
         pytest.skip("no built specdec_ext/_C*.so")
@@ -27,10 +31,32 @@ def rows():
     if not tool:
         pytest.skip("no cuobjdump (triton/backends/nvidia/bin, PATH or CUDA_HOME/bin)")
     try:
-        rows = sass.analyse(lib, tool)
+        rows = _analysis(request.config, lib, tool)
     except sass.NoDeviceCode as e:
         pytest.skip(f"CPU-only build: {e}")
     return [r for r in rows if r["arch"] is not None]
+
+
+def _analysis(config, lib, tool):
+    """sass.analyse(lib, tool) (~20 s: cuobjdump and the parse of its listing), kept in
+    pytest's cache under the hash of every file it depends on: the library, sass.py,
+    cuobjdump and c++filt; a rebuilt library is analysed again."""
+    cache = getattr(config, "cache", None)
+    if cache is None:
+        return sass.analyse(lib, tool)
+    digest = hashlib.sha256()
+    for path in (lib, sass.__file__, tool, shutil.which("c++filt")):
+        digest.update(repr(path).encode())
+        if path:
+            with open(path, "rb") as f:
+                digest.update(hashlib.sha256(f.read()).digest())
+    key = digest.hexdigest()
+    kept = cache.get("specdec/sass_analysis", None)
+    if kept and kept.get("key") == key:
+        return kept["rows"]
+    rows = sass.analyse(lib, tool)
+    cache.set("specdec/sass_analysis", dict(key=key, rows=rows))
+    return rows
 
 
 def _of(rows, kind):
