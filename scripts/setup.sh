@@ -12,7 +12,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q "$TORCH_SPEC" numpy scipy pytest hypothesis ninja setuptools wheel \
+.venv/bin/python -m pip install -q "$TORCH_SPEC" numpy scipy pytest pytest-xdist hypothesis ninja setuptools wheel \
   prometheus_client safetensors tokenizers tqdm transformers matplotlib
 
 export MAX_JOBS=${MAX_JOBS:-2}

@@ -6,12 +6,15 @@
 # marked cuda skip on a machine without a GPU; arguments go to the main pytest run, and
 # with any argument the emulation step is skipped (a quick, partial run).
 #
-# --quick (the edit-test loop; CI runs the full command): the same setup and C++ tests,
-# then EVERY test of the main pytest run (-m "not simt") with SPECDEC_QUICK=1, under which
-# the long chi-square and fuzz runs use reduced counts (python_tests/helpers.py: draws();
-# the fuzz suite's "quick" hypothesis profile). Left out: the simt-marked tests and
+# --quick (the edit-test loop; CI runs the full command): setup only when needed (a set-up
+# .venv skips setup.sh; the extension is rebuilt in place only when csrc/, setup.py or torch
+# is newer than it), the C++ tests, then EVERY test of the main pytest run (-m "not simt")
+# with SPECDEC_QUICK=1, under which the long chi-square and fuzz runs use reduced counts
+# (python_tests/helpers.py: draws(); the fuzz suite's "quick" hypothesis profile), on two
+# pytest-xdist workers; the CLI, example and fuzz subprocesses are forks of a helper that
+# imported torch once (python_tests/cli_runner.py). Left out: the simt-marked tests and
 # scripts/simt_check.sh (they JIT-compile the SIMT emulator builds: minutes) and the wheel
-# route. Arguments after --quick go to that pytest run.
+# route. Arguments after --quick go to one pytest process (no xdist) instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,7 +35,52 @@ if ! { [ -f /usr/include/gtest/gtest.h ] && [ -f /usr/include/boost/context/fibe
   $SUDO apt-get install -y -qq libgtest-dev cmake g++ libboost-context-dev >/dev/null
 fi
 
-bash scripts/setup.sh
+# --quick on a set-up .venv (every package of scripts/setup.sh importable, specdec_ext
+# installed): no pip run; the extension is rebuilt in place only when a file under csrc/,
+# setup.py or the installed torch is newer than specdec_ext/_C*.so (then ninja recompiles
+# just the stale objects), instead of setup.sh's ~4 min editable reinstall.
+quick_setup() {
+  [ -x .venv/bin/python ] || return 1
+  .venv/bin/python - <<'PY' || return 1
+import importlib.metadata, importlib.util, sys
+need = ["torch", "numpy", "scipy", "pytest", "xdist", "hypothesis", "ninja", "setuptools", "wheel",
+        "prometheus_client", "safetensors", "tokenizers", "tqdm", "transformers", "matplotlib"]
+missing = [m for m in need if importlib.util.find_spec(m) is None]
+try:
+    importlib.metadata.version("specdec_ext")
+except importlib.metadata.PackageNotFoundError:
+    missing.append("specdec_ext (not installed)")
+if missing:
+    print("[test] quick setup: the venv lacks " + ", ".join(missing) + ": running scripts/setup.sh")
+    sys.exit(1)
+PY
+  local so newer
+  so=$(ls -t specdec_ext/_C*.so 2>/dev/null | head -n 1)
+  if [ -n "$so" ]; then
+    # shellcheck disable=SC2046
+    newer=$(find csrc setup.py $(ls .venv/lib/python3*/site-packages/torch/version.py 2>/dev/null) -newer "$so" -type f -print -quit)
+    if [ -z "$newer" ]; then
+      echo "[test] quick setup: $so is newer than csrc/, setup.py and torch: no rebuild"
+      return 0
+    fi
+    echo "[test] quick setup: $newer is newer than $so: rebuilding in place"
+  fi
+  local status=0 log
+  log=$(mktemp)
+  MAX_JOBS=${MAX_JOBS:-2} .venv/bin/python setup.py -q build_ext --inplace --force > "$log" 2>&1 || status=$?
+  grep -v "psabi" "$log" || true
+  rm -f "$log"
+  if [ "$status" != 0 ]; then
+    echo "[test] quick setup: the build failed (exit status $status)"
+    exit 1
+  fi
+}
+
+if [ "$QUICK" = 1 ] && quick_setup; then
+  :
+else
+  bash scripts/setup.sh
+fi
 # A build that silently dropped the CUDA kernels must not pass CI.
 if [ "${SPECDEC_FORCE_CUDA:-0}" = "1" ]; then
   .venv/bin/python -c "import specdec_ext, sys; sys.exit(0 if specdec_ext.has_cuda_kernels() else 'CUDA kernels missing')"
@@ -49,24 +97,12 @@ if [ "$QUICK" = 1 ]; then
   if [ $# -gt 0 ]; then  # arguments: one pytest run with them
     SPECDEC_QUICK=1 .venv/bin/python -m pytest python_tests -q -rs -m "not simt" "$@"
   else
-    # two pytest processes over alternate test files, side by side: much of the run is
-    # single-threaded (subprocess start-up, torch.compile), so 2 cores do it in ~2/3 the time
-    mapfile -t files < <(ls python_tests/test_*.py)
-    shard() { for i in "${!files[@]}"; do [ $((i % 2)) = "$1" ] && echo "${files[$i]}"; done; }
-    logs=$(mktemp -d)
-    for s in 0 1; do
-      # shellcheck disable=SC2046
-      SPECDEC_QUICK=1 .venv/bin/python -m pytest $(shard $s) -q -rs -m "not simt" -p no:cacheprovider \
-        > "$logs/shard$s.log" 2>&1 &
-      pids[$s]=$!
-    done
-    status=0
-    for s in 0 1; do
-      wait "${pids[$s]}" || status=1
-      echo "[test] quick shard $((s + 1)) of 2:"
-      cat "$logs/shard$s.log"
-    done
-    exit "$status"
+    # Two pytest-xdist workers, each test module whole on one of them (module fixtures set up
+    # once), the modules that took longest in the last run first (python_tests/conftest.py).
+    # Both workers share 2 cores: OpenMP threads wait passively (spinning, they slow the other
+    # worker ~4x) and Inductor compiles in-process (no pool of compile subprocesses).
+    OMP_WAIT_POLICY=PASSIVE TORCHINDUCTOR_COMPILE_THREADS=1 SPECDEC_QUICK=1 \
+      .venv/bin/python -m pytest python_tests -q -rs -m "not simt" -n 2 --dist loadscope --no-loadscope-reorder
   fi
 elif [ $# -eq 0 ]; then
   .venv/bin/python -m pytest python_tests -q -rs -m "not simt"
