@@ -37,8 +37,9 @@ fi
 
 # --quick on a set-up .venv (every package of scripts/setup.sh importable, specdec_ext
 # installed): no pip run; the extension is rebuilt in place only when a file under csrc/,
-# setup.py or the installed torch is newer than specdec_ext/_C*.so (then ninja recompiles
-# just the stale objects), instead of setup.sh's ~4 min editable reinstall.
+# setup.py or the installed torch is newer than specdec_ext/_C*.so (setup.py build_ext
+# --inplace: torch's ninja build recompiles just the stale objects of build/), instead of
+# setup.sh's ~4 min editable reinstall.
 quick_setup() {
   [ -x .venv/bin/python ] || return 1
   .venv/bin/python - <<'PY' || return 1
@@ -64,10 +65,12 @@ PY
       return 0
     fi
     echo "[test] quick setup: $newer is newer than $so: rebuilding in place"
+  else
+    echo "[test] quick setup: no specdec_ext/_C*.so: building in place"
   fi
   local status=0 log
   log=$(mktemp)
-  MAX_JOBS=${MAX_JOBS:-2} .venv/bin/python setup.py -q build_ext --inplace --force > "$log" 2>&1 || status=$?
+  MAX_JOBS=${MAX_JOBS:-2} .venv/bin/python setup.py -q build_ext --inplace > "$log" 2>&1 || status=$?
   grep -v "psabi" "$log" || true
   rm -f "$log"
   if [ "$status" != 0 ]; then
