@@ -39,10 +39,10 @@ import sys
 import tempfile
 import threading
 
-#: imported once by the helper: the CLIs' own imports and what they import at first use
+#: imported once by the helper: what the commands import (generate, its lazy imports, the fuzz
+#: targets'); not transformers, which only --hf runs and the example script import
 PRELOAD = ("torch", "torch._dynamo", "numpy", "specdec_ext", "specdec_ext.bundled", "specdec_ext.models",
-           "specdec_ext.generate", "specdec_ext.bench.__main__", "tokenizers", "safetensors", "transformers", "pytest",
-           "hypothesis")
+           "specdec_ext.generate", "specdec_ext.bench.__main__", "tokenizers", "safetensors", "pytest", "hypothesis")
 
 _lock = threading.Lock()
 _idle = []  # helpers (Popen, log path, key) waiting for a request, least recently used first
