@@ -192,6 +192,35 @@ def test_freeze_sets_inductor_freezing_while_compiling():
         assert inductor_config.freezing is False
 
 
+def test_compiled_steps_trace_once_and_share_a_graph_with_the_prefill():
+    """compile_decode traces each graph once (float attributes such as eps and the attention
+    scale are constants: no "restarting analysis"), and a masked step of another length
+    reuses the prefill's graph (no duck-shaped guard "cache length == step length"); the
+    tracing settings are back to torch's after each call."""
+    import torch._dynamo.config as dynamo_config
+    import torch.fx.experimental._config as shapes_config
+
+    before = dynamo_config.specialize_float, shapes_config.use_duck_shape
+    torch.manual_seed(7)
+    ids = torch.randint(0, V, (1, 9))
+    calls = []
+
+    def spy(gm, example_inputs):
+        calls.append(gm)
+        return gm.forward
+
+    model = LlamaModel(small_config(num_hidden_layers=1), dtype=torch.float32)
+    eager = LlamaModel(small_config(num_hidden_layers=1), dtype=torch.float32)
+    eager.load_state_dict(model.state_dict())
+    model.compile_decode(backend=spy)
+    caches = model.new_cache(1, 12), eager.new_cache(1, 12)
+    for lo, hi in ((0, 4), (4, 7)):  # a prefill, then a 3-token step
+        got, want = model(ids[:, lo:hi], caches[0]), eager(ids[:, lo:hi], caches[1])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 1, f"{len(calls)} backend calls for one masked graph"
+    assert (dynamo_config.specialize_float, shapes_config.use_duck_shape) == before
+
+
 def test_step_profile_reports_without_asserting_speed(capsys):
     torch.manual_seed(6)
     model = LlamaModel(small_config(), dtype=torch.float32)
