@@ -14,19 +14,21 @@ Two process-wide settings of torch matter here, and this is the one place that t
   ``torch.compile(options={"freezing": True})`` it did not change the bundled target's step
   time on the CPU, while the global flag did (torch 2.14), so ``freeze=True`` sets the flag
   around each call of the compiled step (compilation happens inside calls) and restores it.
-- Two tracing settings, set the same way around each call, that make a decode step compile
-  fewer and cheaper graphs (measured 2026-12-02, torch 2.14.1, the bundled pair's
-  ``generate --compile`` on 2 cores: 5 graphs and 56 s of compilation become 3 graphs and
-  about half the time):
+- Two tracing settings, set the same way around each call (measured 2026-12-02, torch
+  2.14.1, 2 cores):
 
-  - ``torch._dynamo.config.specialize_float = True``: a model's float attributes (RMSNorm
-    ``eps``, the attention ``scale``) are constants of the graph. Left symbolic, dynamo turns
-    them into tensors, finds that ``scaled_dot_product_attention(scale=)`` needs a Python
-    float, and traces the whole step a second time ("Restarting analysis due to
-    _tensorify_python_scalars").
-  - ``torch.fx.experimental._config.use_duck_shape = False``: no two sizes share a symbol
-    because they were equal when traced. With it, a prefill (cache length == step length)
-    compiles a graph guarded on that equality, and the first decode step compiles another.
+  - ``torch._dynamo.config.specialize_float = True`` (always): a model's float attributes
+    (RMSNorm ``eps``, the attention ``scale``) are constants of the graph. Left symbolic,
+    dynamo turns them into tensors, finds that ``scaled_dot_product_attention(scale=)``
+    needs a Python float, and traces the whole step a second time ("Restarting analysis due
+    to _tensorify_python_scalars"). The transformers pair's compiled-forward test went from
+    5 graphs in 27-38 s to 4 graphs in 26-27 s.
+  - ``torch.fx.experimental._config.use_duck_shape = False`` (``duck_shape=False``, the
+    reference model): no two sizes share a symbol because they were equal when traced.
+    With duck shapes, the reference model's prefill (cache length == step length) compiles
+    a graph guarded on that equality and the first decode step another: the bundled pair's
+    ``generate --compile`` compiled 5 graphs in 56 s, and with both settings 3 in 37 s. The
+    transformers forward traces slower without them (26 -> 41 s), so it keeps them.
 """
 from __future__ import annotations
 
@@ -48,9 +50,11 @@ def _raise_recompile_limit() -> None:
     setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
 
 
-def compile_step(fn: Callable[..., Any], freeze: bool = False, **options: Any) -> Callable[..., Any]:
+def compile_step(fn: Callable[..., Any], freeze: bool = False, *, duck_shape: bool = True,
+                 **options: Any) -> Callable[..., Any]:
     """``torch.compile(fn, dynamic=True, **options)``, after raising the recompile limit;
-    every call runs with the two tracing settings of the module docstring.
+    every call runs with ``specialize_float`` set and, for ``duck_shape=False``, without
+    duck-shaped sizes (see the module docstring).
 
     ``freeze=True``: every call runs with ``torch._inductor.config.freezing`` set, so the
     graphs it compiles hold the weights as constants (Inductor's freezing): for weights that
@@ -67,7 +71,7 @@ def compile_step(fn: Callable[..., Any], freeze: bool = False, **options: Any) -
 
     def step(*args: Any, **kwargs: Any) -> Any:
         before = (dynamo_config.specialize_float, shapes_config.use_duck_shape, inductor_config.freezing)
-        dynamo_config.specialize_float, shapes_config.use_duck_shape = True, False
+        dynamo_config.specialize_float, shapes_config.use_duck_shape = True, duck_shape
         if freeze:
             inductor_config.freezing = True
         try:

@@ -399,7 +399,7 @@ class LlamaModel(nn.Module):
         :meth:`HFBatchedSpecModel.compile_decode <specdec_ext.models.hf.HFBatchedSpecModel.compile_decode>`
         (a target and a draft share this method's code object).
         """
-        self._compiled = compile_step(self._layers, freeze, **options) if enable else None
+        self._compiled = compile_step(self._layers, freeze, duck_shape=False, **options) if enable else None
         return self
 
     def _rope_tables(self, length: int) -> torch.Tensor:
