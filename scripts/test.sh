@@ -101,6 +101,10 @@ ctest --test-dir cpp_tests/build --output-on-failure
 echo "[test] Python tests"
 if [ "$QUICK" = 1 ]; then
   echo "[test] quick tier: SPECDEC_QUICK=1 (reduced chi-square draws and fuzz examples), no SIMT emulation, no wheel route"
+  # Bytecode caches on, whatever the environment says: pytest keeps its assertion-rewritten
+  # test modules in __pycache__ only when Python may write bytecode, and rewriting them all
+  # again costs each worker ~5 s of its ~12 s collection.
+  export PYTHONDONTWRITEBYTECODE=
   if [ $# -gt 0 ]; then  # arguments: one pytest run with them
     SPECDEC_QUICK=1 .venv/bin/python -m pytest python_tests -q -rs -m "not simt" "$@"
   else
