@@ -15,10 +15,10 @@
 # imported torch once (python_tests/cli_runner.py). Left out: the simt-marked tests and
 # scripts/simt_check.sh (they JIT-compile the SIMT emulator builds: minutes) and the wheel
 # route. Arguments after --quick go to one pytest process (no xdist) instead.
-# Measured 2026-12-02 (commit 83ba13e; 2 cores, no GPU, idle: load 0.3 at the start; .venv,
-# extension and C++ tests built): 2m49s-3m00s end to end with torch's Inductor caches and
-# pytest's cache (.pytest_cache: module order, SASS analysis) from an earlier run, of which
-# ~2.5 s C++ tests and 162-173 s pytest; 5m08s for a first run with both caches empty.
+# Measured 2026-12-02 (commit bb71599; 2 cores, no GPU, nothing else running; .venv,
+# extension and C++ tests built): 2m15s-2m39s end to end with torch's Inductor caches,
+# pytest's cache (.pytest_cache: module order, SASS analysis) and the bytecode caches from an
+# earlier run, of which ~7 s setup check and C++ tests; 4m09s for a first run with all empty.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
