@@ -65,23 +65,17 @@ void logprob_position(const LogprobParams& P, int64_t b, int64_t i) {
   if ((has_token && !law.greedy) || n > 0 || fused_sum) {
     with_unit_t(law.inv_t, [&](auto unit_t) {
       const Vec va(law.inv_t), vm(m);
-      Vec acc(0.0f);
-      float tail = 0.0f;
+      TileSumStack sum;
       for (int64_t v0 = 0; v0 < V; v0 += kTile) {
         const int64_t cnt = std::min(kTile, V - v0);
         const float* x = tile_as_float(row, v0, cnt, buf);
-        if (fused_sum) {
-          int64_t k = 0;
-          for (; k + Vec::size() <= cnt; k += Vec::size())
-            acc = acc + shifted_exp_vec<decltype(unit_t)::value>(Vec::loadu(x + k), vm, va);
-          for (; k < cnt; ++k) tail += shifted_exp(x[k], m, law.inv_t);
-        }
+        if (fused_sum) add_tiles_sum_exp<decltype(unit_t)::value>(sum, x, cnt, m, law.inv_t, vm, va);
         for (int64_t k = 0; k < cnt; ++k) {
           rank += x[k] >= xt ? 1 : 0;
           if (n > 0 && x[k] >= c) top.emplace_back(x[k], v0 + k);
         }
       }
-      if (fused_sum) law.log_s = std::log(hsum(acc) + tail);
+      if (fused_sum) law.log_s = std::log(sum.total());
     });
   }
   const auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b2) {

@@ -36,6 +36,7 @@
 #include "../core/logprob_math.h"
 #include "../core/rng.h"
 #include "../core/sampling_params.h"
+#include "../core/tile_sum.h"
 #include "../core/verify_math.h"
 #include "sampling_kernels_entry.h"
 
@@ -146,52 +147,83 @@ inline bool any_at_least(const float* x, int64_t n, float cut) {
   return false;
 }
 
-// sum_v exp((l_v - m) * inv_t) over a row (logits below `cut` excluded); m is the row's max logit.
+// sum_k exp((x_k - m) * inv_t) over the n <= kRaceTile floats of one race tile, in a fixed
+// order (one vector accumulator, its horizontal sum, then the scalar tail): a tile value of
+// core/tile_sum.h's canonical tree.
+template <bool kUnitT>
+inline float tile_sum_exp(const float* x, int64_t n, float m, float inv_t, const Vec& vm, const Vec& va) {
+  Vec acc(0.0f);
+  int64_t k = 0;
+  for (; k + Vec::size() <= n; k += Vec::size()) acc = acc + shifted_exp_vec<kUnitT>(Vec::loadu(x + k), vm, va);
+  float s = hsum(acc);
+  for (; k < n; ++k) s += shifted_exp(x[k], m, inv_t);
+  return s;
+}
+
+// Adds the race tiles of the n floats x (a multiple of kRaceTile from the row's start, so
+// tile-aligned) to the canonical sum: tile_sum_exp of each.
+template <bool kUnitT>
+inline void add_tiles_sum_exp(TileSumStack& sum, const float* x, int64_t n, float m, float inv_t, const Vec& vm,
+                              const Vec& va) {
+  for (int64_t r = 0; r < n; r += kRaceTile)
+    sum.add(tile_sum_exp<kUnitT>(x + r, std::min(kRaceTile, n - r), m, inv_t, vm, va));
+}
+
+// sum_v exp((l_v - m) * inv_t) over a row (logits below `cut` excluded); m is the row's max
+// logit. Summed per race tile, the tiles in core/tile_sum.h's canonical order: the same bits
+// as the sum of a row cut into shards at tile boundaries (a skipped tile adds 0: exact).
 template <typename T>
 inline float row_sum_exp(const T* row, int64_t V, float inv_t, float m, float cut) {
+  static_assert(kTile % kRaceTile == 0, "tiles hold whole race tiles");
   return with_unit_t(inv_t, [&](auto unit_t) {
     alignas(64) float buf[kTile];
     const Vec va(inv_t), vm(m);
-    Vec acc(0.0f);
-    float tail = 0.0f;
+    TileSumStack sum;
     for (int64_t v0 = 0; v0 < V; v0 += kTile) {
       const int64_t n = std::min(kTile, V - v0);
-      if (cut > kNoCut && !any_at_least(tile_as_float(row, v0, n, buf), n, cut)) continue;
-      const float* x = tile_as_float(row, v0, n, buf, cut);
-      int64_t k = 0;
-      for (; k + Vec::size() <= n; k += Vec::size())
-        acc = acc + shifted_exp_vec<decltype(unit_t)::value>(Vec::loadu(x + k), vm, va);
-      for (; k < n; ++k) tail += shifted_exp(x[k], m, inv_t);
+      if (cut > kNoCut && !any_at_least(tile_as_float(row, v0, n, buf), n, cut)) {
+        for (int64_t r = 0; r < n; r += kRaceTile) sum.add(0.0f);
+        continue;
+      }
+      add_tiles_sum_exp<decltype(unit_t)::value>(sum, tile_as_float(row, v0, n, buf, cut), n, m, inv_t, vm, va);
     }
-    return hsum(acc) + tail;
+    return sum.total();
   });
 }
 
 // row_sum_exp(row, V, inv_t, m, cut) (the same values summed in the same order, so the same
 // bits) and, in the same pass, the raw law's sum_v exp(l_v - m) over EVERY logit (raw_sum:
-// verify / sample's raw token_logprobs on a row whose own law differs from the raw one).
+// verify / sample's raw token_logprobs on a row whose own law differs from the raw one),
+// also in the canonical order.
 template <typename T>
 inline float row_sum_exp_and_raw(const T* row, int64_t V, float inv_t, float m, float cut, float& raw_sum) {
   alignas(64) float buf[kTile];
   const Vec va(inv_t), vm(m), vc(cut), ninf(kNoCut);
-  Vec acc(0.0f), acc1(0.0f);
-  float tail = 0.0f, tail1 = 0.0f;
+  TileSumStack sum, sum1;
   for (int64_t v0 = 0; v0 < V; v0 += kTile) {
     const int64_t n = std::min(kTile, V - v0);
     const float* x = tile_as_float(row, v0, n, buf);
-    int64_t k = 0;
-    for (; k + Vec::size() <= n; k += Vec::size()) {
-      const Vec xv = Vec::loadu(x + k);
-      acc1 = acc1 + shifted_exp_vec<true>(xv, vm, va);
-      acc = acc + shifted_exp_vec<false>(Vec::blendv(ninf, xv, xv >= vc), vm, va);
-    }
-    for (; k < n; ++k) {
-      tail1 += shifted_exp(x[k], m, 1.0f);
-      tail += shifted_exp(filtered_logit(x[k], cut), m, inv_t);
+    for (int64_t r = 0; r < n; r += kRaceTile) {
+      const int64_t nt = std::min(kRaceTile, n - r);
+      const float* xt = x + r;
+      Vec acc(0.0f), acc1(0.0f);
+      int64_t k = 0;
+      for (; k + Vec::size() <= nt; k += Vec::size()) {
+        const Vec xv = Vec::loadu(xt + k);
+        acc1 = acc1 + shifted_exp_vec<true>(xv, vm, va);
+        acc = acc + shifted_exp_vec<false>(Vec::blendv(ninf, xv, xv >= vc), vm, va);
+      }
+      float s = hsum(acc), s1 = hsum(acc1);
+      for (; k < nt; ++k) {
+        s1 += shifted_exp(xt[k], m, 1.0f);
+        s += shifted_exp(filtered_logit(xt[k], cut), m, inv_t);
+      }
+      sum.add(s);
+      sum1.add(s1);
     }
   }
-  raw_sum = hsum(acc1) + tail1;
-  return hsum(acc) + tail;
+  raw_sum = sum1.total();
+  return sum.total();
 }
 
 // Exponentials E_v for v in [v0, v0 + n), v0 a multiple of 4, n <= kTile.
