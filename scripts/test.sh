@@ -40,10 +40,10 @@ if ! { [ -f /usr/include/gtest/gtest.h ] && [ -f /usr/include/boost/context/fibe
 fi
 
 # --quick on a set-up .venv (every package of scripts/setup.sh importable, specdec_ext
-# installed): no pip run; the extension is rebuilt in place only when a file under csrc/,
-# setup.py or the installed torch is newer than specdec_ext/_C*.so (setup.py build_ext
-# --inplace: torch's ninja build recompiles just the stale objects of build/), instead of
-# setup.sh's ~4 min editable reinstall.
+# installed): no pip run; the extension is rebuilt in place only when a source file under
+# csrc/ (.h .cpp .cu .cuh, not the notes), setup.py or the installed torch is newer than
+# specdec_ext/_C*.so (setup.py build_ext --inplace: torch's ninja build recompiles just the
+# stale objects of build/), instead of setup.sh's ~4 min editable reinstall.
 quick_setup() {
   [ -x .venv/bin/python ] || return 1
   .venv/bin/python - <<'PY' || return 1
@@ -63,7 +63,8 @@ PY
   so=$(ls -t specdec_ext/_C*.so 2>/dev/null | head -n 1)
   if [ -n "$so" ]; then
     # shellcheck disable=SC2046
-    newer=$(find csrc setup.py $(ls .venv/lib/python3*/site-packages/torch/version.py 2>/dev/null) -newer "$so" -type f -print -quit)
+    newer=$(find csrc setup.py $(ls .venv/lib/python3*/site-packages/torch/version.py 2>/dev/null) -newer "$so" -type f \
+      \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' -o -name '*.py' \) -print -quit)
     if [ -z "$newer" ]; then
       echo "[test] quick setup: $so is newer than csrc/, setup.py and torch: no rebuild"
       return 0
