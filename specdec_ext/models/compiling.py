@@ -28,7 +28,7 @@ Two process-wide settings of torch matter here, and this is the one place that t
     With duck shapes, the reference model's prefill (cache length == step length) compiles
     a graph guarded on that equality and the first decode step another: the bundled pair's
     ``generate --compile`` compiled 5 graphs in 56 s, and with both settings 3 in 37 s. The
-    transformers forward traces slower without them (26 -> 41 s), so it keeps them.
+    transformers forward traces slower without duck shapes (26 -> 41 s), so it keeps them.
 """
 from __future__ import annotations
 
