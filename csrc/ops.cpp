@@ -58,7 +58,8 @@ void device_guard(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, BackendSelect, m) {
-  for (const char* name : {"verify", "sample", "filtered_probs", "mask_logits", "logprobs", "verify_reference", "sample_reference", "kv_append_",
+  for (const char* name : {"verify", "sample", "filtered_probs", "mask_logits", "logprobs", "verify_shard",
+                           "verify_shard_finish", "verify_reference", "sample_reference", "kv_append_",
                            "kv_rollback_", "paged_kv_append_", "paged_kv_gather", "paged_kv_gather_into_",
                            "kv_compact_", "paged_kv_compact_"})
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&device_guard>());

@@ -9,6 +9,7 @@
 
 #include "core/logprob_math.h"
 #include "core/sampling_params.h"
+#include "core/shard_math.h"
 #include "core/tree_params.h"
 
 namespace specdec {
@@ -99,5 +100,21 @@ struct LogprobLaunch {
 LogprobLaunch prepare_logprobs(const at::Tensor& logits, const at::Tensor& tokens, const at::Tensor& temperature,
                                const SamplingFilters& filters, int64_t num_top, bool processed, bool probs_input,
                                HostChecks checks = HostChecks::kCpuTensors);
+
+struct ShardLaunch {
+  VerifyLaunch verify;          // this rank's verify arguments (tokens etc.: stage 4's outputs)
+  ShardParams params;           // params.v: verify.params
+  at::Tensor out;               // stages 1..3: float64 [B, K+1, width]
+  std::vector<int64_t> bounds;  // params.layout points here
+  std::vector<const double*> gathered[3];
+};
+
+// verify_shard / verify_shard_finish's arguments (op_schemas.h); stage 4 = finish. The
+// returned launch must not be copied (params point into its vectors).
+void prepare_verify_shard(ShardLaunch& L, const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+                          const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
+                          const at::Tensor& seed, const at::Tensor& offset,
+                          const std::optional<at::Tensor>& num_drafts, bool coupled, at::IntArrayRef shard_bounds,
+                          int64_t rank, int64_t stage, at::TensorList gathered);
 
 }  // namespace specdec

@@ -23,6 +23,9 @@ enum RngStream : uint32_t {
   kStreamSampleRace = 2,     // sample: token exponentials E_v of the draft-step sampler
   kStreamVerifyTile = 3,     // verify: tile exponentials of the coarse race
   kStreamSampleTile = 4,     // sample: tile exponentials of the coarse race
+  kStreamVerifyPart = 5,     // vocab-parallel verify: coarse-race exponential of a part that starts
+                             // inside a tile (index = its first token; core/shard_math.h)
+  kStreamSamplePart = 6,     // the same for sample (and coupled verify)
 };
 
 constexpr int64_t kMaxPositions = (int64_t(1) << 24);

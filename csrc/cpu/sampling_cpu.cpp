@@ -107,6 +107,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu(
   return {L.tokens, L.path, L.num_accepted, L.valid};
 }
 
+// verify_shard (stages 0..3) and verify_shard_finish (stage 4) on the CPU.
+void run_verify_shard(ShardLaunch& L) {
+  const VerifyParams& P = L.params.v;
+  if (P.B == 0 || L.params.stage == 0) return;
+  if (use_avx2()) cpu::verify_shard_avx2(L.params, L.verify.logits_dtype, L.verify.probs_dtype);
+  else cpu::verify_shard_default(L.params, L.verify.logits_dtype, L.verify.probs_dtype);
+}
+
+at::Tensor verify_shard_cpu(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+                            const OptTensor& draft_probs, const at::Tensor& temperature, const at::Tensor& seed,
+                            const at::Tensor& offset, const OptTensor& num_drafts, bool coupled,
+                            at::IntArrayRef shard_bounds, int64_t rank, int64_t stage, at::TensorList gathered) {
+  TORCH_CHECK_VALUE(stage >= 0 && stage <= 3, "stage must be in [0, 3] (verify_shard_finish is stage 4), got ",
+                    stage);
+  ShardLaunch L;
+  prepare_verify_shard(L, target_logits, draft_token_ids, draft_probs, temperature, seed, offset, num_drafts,
+                       coupled, shard_bounds, rank, stage, gathered);
+  run_verify_shard(L);
+  return L.out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_shard_finish_cpu(
+    const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
+    const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& num_drafts,
+    bool coupled, at::IntArrayRef shard_bounds, int64_t rank, at::TensorList gathered) {
+  ShardLaunch L;
+  prepare_verify_shard(L, target_logits, draft_token_ids, draft_probs, temperature, seed, offset, num_drafts,
+                       coupled, shard_bounds, rank, 4, gathered);
+  run_verify_shard(L);
+  return {L.verify.tokens, L.verify.num_accepted, L.verify.valid};
+}
+
 // n elements of a row as float.
 template <typename T>
 void row_as_float(const T* src, int64_t n, float* dst) {
@@ -183,6 +215,8 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("mask_logits", &mask_logits_cpu);
   m.impl("logprobs", &logprobs_cpu);
   m.impl("verify_tree", &verify_tree_cpu);
+  m.impl("verify_shard", &verify_shard_cpu);
+  m.impl("verify_shard_finish", &verify_shard_finish_cpu);
   m.impl("verify_reference", &verify_reference_cpu);
   m.impl("sample_reference", &sample_reference_cpu);
 }

@@ -18,6 +18,7 @@
 #include "../core/dtype_dispatch.h"
 #include "../core/rng.h"
 #include "../core/sampling_params.h"
+#include "../core/shard_math.h"
 #include "../core/verify_math.h"
 #include "sampling_kernels_entry.h"
 
@@ -48,6 +49,7 @@
 #include "sampling_kernels.h"
 #include "tree_kernels.h"
 #include "logprob_kernels.h"
+#include "shard_kernels.h"
 
 namespace specdec::cpu {
 void verify_avx2(const VerifyParams& P, DType tl, DType tq) { CPU_CAPABILITY::verify(P, tl, tq); }
@@ -55,6 +57,7 @@ void sample_avx2(const SampleParams& P, DType tl) { CPU_CAPABILITY::sample(P, tl
 void filtered_avx2(const SampleParams& P, DType tl) { CPU_CAPABILITY::filtered(P, tl); }
 void verify_tree_avx2(const TreeVerifyParams& P, DType tl, DType tq) { CPU_CAPABILITY::verify_tree(P, tl, tq); }
 void logprobs_avx2(const LogprobParams& P, DType tl) { CPU_CAPABILITY::logprobs(P, tl); }
+void verify_shard_avx2(const ShardParams& S, DType tl, DType tq) { CPU_CAPABILITY::verify_shard(S, tl, tq); }
 bool avx2_compiled() {
 #if defined(CPU_CAPABILITY_AVX2)
   static_assert(at::vec::CPU_CAPABILITY::Vectorized<float>::size() == 8, "AVX2 vectors expected");

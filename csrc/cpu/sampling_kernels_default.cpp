@@ -4,6 +4,7 @@
 #include "sampling_kernels.h"
 #include "tree_kernels.h"
 #include "logprob_kernels.h"
+#include "shard_kernels.h"
 #include "sampling_kernels_entry.h"
 
 namespace specdec::cpu {
@@ -12,4 +13,5 @@ void sample_default(const SampleParams& P, DType tl) { DEFAULT::sample(P, tl); }
 void filtered_default(const SampleParams& P, DType tl) { DEFAULT::filtered(P, tl); }
 void verify_tree_default(const TreeVerifyParams& P, DType tl, DType tq) { DEFAULT::verify_tree(P, tl, tq); }
 void logprobs_default(const LogprobParams& P, DType tl) { DEFAULT::logprobs(P, tl); }
+void verify_shard_default(const ShardParams& S, DType tl, DType tq) { DEFAULT::verify_shard(S, tl, tq); }
 }  // namespace specdec::cpu

@@ -6,6 +6,7 @@
 
 #include "../core/logprob_math.h"
 #include "../core/sampling_params.h"
+#include "../core/shard_math.h"
 #include "../core/tree_params.h"
 
 namespace specdec::cpu {
@@ -24,6 +25,8 @@ void filtered_avx2(const SampleParams& P, DType logits_dtype);
 void verify_tree_default(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
 void verify_tree_avx2(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
 void logprobs_default(const LogprobParams& P, DType logits_dtype);
+void verify_shard_default(const ShardParams& S, DType logits_dtype, DType probs_dtype);
 void logprobs_avx2(const LogprobParams& P, DType logits_dtype);
+void verify_shard_avx2(const ShardParams& S, DType logits_dtype, DType probs_dtype);
 bool avx2_compiled();  // false on non-x86 builds, where *_avx2 is the default code
 }  // namespace specdec::cpu

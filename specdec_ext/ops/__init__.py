@@ -6,6 +6,8 @@ kernels torch.compile traces with. The schemas live in csrc/ops.cpp.
 - :mod:`.filtered`  ``filtered_probs``, ``mask_logits`` (the filtered law, no draw)
 - :mod:`.logprobs`  ``logprobs`` (verify / sample's ``logprobs=``: :class:`LogprobsResult`)
 - :mod:`.tree`      ``verify_tree`` (tree speculation)
+- :mod:`.shard`     ``verify_shard``, ``verify_shard_finish`` (the local stages of
+  :mod:`specdec_ext.distributed`)
 - :mod:`.kv`        ``kv_append_``, ``kv_rollback_``, ``kv_compact_`` (contiguous cache)
 - :mod:`.paged_kv`  ``paged_kv_append_``, ``paged_kv_gather`` / ``paged_kv_gather_into_``,
   ``paged_kv_compact_``
@@ -16,6 +18,7 @@ from .kv import kv_append_, kv_compact_, kv_rollback_
 from .logprobs import LogprobsResult
 from .paged_kv import paged_kv_append_, paged_kv_compact_, paged_kv_gather
 from .sampling import VerifyResult, sample, verify
+from . import shard  # noqa: F401  (fake kernels of verify_shard / verify_shard_finish)
 from .tree import TreeVerifyResult, tree_depth, verify_tree
 
 __all__ = ["LogprobsResult", "TreeVerifyResult", "VerifyResult", "filtered_probs", "kv_append_", "kv_compact_",

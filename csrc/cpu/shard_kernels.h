@@ -1,0 +1,167 @@
+// CPU kernels of the local stages of vocabulary-parallel verify / sample (core/shard_math.h):
+// the single-device kernel's own helpers (sampling_kernels.h: row_max, tile_sum_exp,
+// tile_weights, race_exponentials) run on one shard, so that on tile-aligned shards every
+// value a rank sends is the value the single-device kernel computes for the same tokens.
+// Included once per instruction set, after sampling_kernels.h.
+#pragma once
+
+#include "../core/shard_math.h"
+
+namespace specdec {
+namespace cpu {
+namespace CPU_CAPABILITY {
+
+// The fine race inside the part that starts at global token v of the shard [start, end):
+// argmax_k w_k / E_k over its tokens (p_k / E_k when use_p), ties to the lower id. The
+// token exponentials are race_row's (keyed by global token id; a part starting on a tile
+// boundary gets race_row's exact call).
+template <typename T, typename TQ>
+inline int64_t fine_race_part(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t start, int64_t end,
+                              int64_t v, float inv_t, SoftmaxStats st, const RowRng& rng, uint32_t token_stream,
+                              uint32_t position, bool use_p) {
+  alignas(64) float w[kRaceTile];
+  alignas(64) float p[kRaceTile];
+  alignas(64) float E[kRaceTile + 4];
+  const int64_t n = part_end(v, end) - v, lead = v & 3;
+  tile_weights(row, q_row, q_mode, draft - start, v - start, n, inv_t, st, kNoCut, w, p);
+  race_exponentials(rng, token_stream, position, v - lead, n + lead, E);
+  const float* weights = use_p ? p : w;
+  RaceBest best = race_empty();
+  for (int64_t k = 0; k < n; ++k)
+    if (race_better(weights[k] / E[lead + k], v + k, best)) best = RaceBest{weights[k] / E[lead + k], v + k};
+  return best.index;
+}
+
+// race_row on one shard: the coarse race over the shard's parts (residual weights and p),
+// then the fine race in the best part of each. st: the GLOBAL (max, sum).
+template <typename T, typename TQ>
+inline ShardRace race_shard(const T* row, int64_t start, int64_t end, float inv_t, SoftmaxStats st, QMode q_mode,
+                            const TQ* q_row, int64_t draft, const RowRng& rng, uint32_t tile_stream,
+                            uint32_t part_stream, uint32_t token_stream, uint32_t position) {
+  alignas(64) float w[kRaceTile];
+  alignas(64) float p[kRaceTile];
+  ShardRace out = shard_race_empty();
+  RaceBest bw = race_empty(), bp = race_empty();
+  for (int64_t v = start; v < end; v = part_end(v, end)) {
+    const int64_t n = part_end(v, end) - v;
+    if (!tile_weights(row, q_row, q_mode, draft - start, v - start, n, inv_t, st, kNoCut, w, p)) {
+      out.bad_q = true;
+      return out;
+    }
+    const float E = v % kRaceTile == 0 ? race_exponential(rng, tile_stream, position, v / kRaceTile)
+                                       : race_exponential(rng, part_stream, position, v);
+    const float kw = vec_sum(w, n) / E, kp = vec_sum(p, n) / E;
+    if (race_better(kw, v, bw)) bw = RaceBest{kw, v};
+    if (race_better(kp, v, bp)) bp = RaceBest{kp, v};
+  }
+  out.key_w = bw.key;
+  out.part_w = bw.index;
+  out.token_w = fine_race_part(row, q_row, q_mode, draft, start, end, bw.index, inv_t, st, rng, token_stream,
+                               position, false);
+  out.key_p = bp.key;
+  out.part_p = bp.index;
+  out.token_p = fine_race_part(row, q_row, q_mode, draft, start, end, bp.index, inv_t, st, rng, token_stream,
+                               position, true);
+  return out;
+}
+
+// Stage 2 of one position: the shard's cover of the row sum against the global max m
+// (row_sum_exp's tile values, in core/tile_sum.h's tree), cover_size values into out.
+template <typename T>
+inline void shard_sum_cover(const T* row, int64_t start, int64_t end, int64_t first_part, float m, float inv_t,
+                            double* out) {
+  with_unit_t(inv_t, [&](auto unit_t) {
+    alignas(64) float buf[kTile];
+    const Vec va(inv_t), vm(m);
+    TileSumStack sum(first_part);
+    for (int64_t v = start; v < end; v = part_end(v, end)) {
+      const int64_t n = part_end(v, end) - v;
+      sum.add(tile_sum_exp<decltype(unit_t)::value>(tile_as_float(row, v - start, n, buf), n, m, inv_t, vm, va));
+    }
+    for (int d = 0; d < sum.depth; ++d) out[d] = sum.value[d];
+  });
+}
+
+template <typename TL, typename TQ>
+void shard_stage_rows(const ShardParams& S) {
+  const VerifyParams& P = S.v;
+  const int64_t K = P.K, V = P.V, start = S.vocab_start(), end = S.vocab_end();
+  const int64_t W = S.g.width[S.stage - 1];
+  for_each_row(P.B, [&](int64_t b) {
+    double* out = S.out + b * (K + 1) * W;
+    const TL* logits = static_cast<const TL*>(P.logits) + b * P.logits_stride_b;
+    const TQ* probs = P.draft_probs && !P.coupled ? static_cast<const TQ*>(P.draft_probs) + b * P.probs_stride_b
+                                                  : nullptr;
+    const int64_t* draft = P.draft_ids + b * K;
+    if (S.stage == 1) {  // local max and first argmax (global id) of the used positions
+      for (int64_t i = 0; i <= K; ++i) store_max(out + i * W, -std::numeric_limits<float>::infinity(), -1);
+      const float temperature = P.temperature.get(b);
+      const int64_t n = P.drafts_of(b);
+      if (!valid_temperature(temperature) || n < 0 || n > K) return;  // stage 4 says so
+      for (int64_t i = 0; i <= n; ++i) {
+        float m;
+        int64_t arg;
+        row_max(logits + i * P.logits_stride_k, V, temperature == 0.0f, m, arg);
+        store_max(out + i * W, m, start + arg);
+      }
+      return;
+    }
+    std::fill(out, out + (K + 1) * W, 0.0);
+    if (S.stage == 3)
+      for (int64_t i = 0; i <= K; ++i) store_race(out + i * W, shard_race_empty());
+    const ShardRowPlan plan = plan_shard_row(S.g, S.layout, P, b, S.stage == 3);
+    if (!plan.valid || plan.greedy) return;
+    if (S.stage == 2) {  // covers of every position the walk may use, and the drafts this shard owns
+      for (int64_t i = 0; i < plan.usable; ++i) {
+        float m;
+        int64_t arg;
+        combine_max(S.g, S.layout, b, i, m, arg);
+        const TL* row = logits + i * P.logits_stride_k;
+        shard_sum_cover(row, start, end, S.layout.first_part(S.rank), m, plan.inv_t, out + i * W);
+        if (!plan.coupled && i < plan.n && draft[i] >= start && draft[i] < end) {
+          const int64_t x = draft[i] - start;
+          out[i * W + W - 2] = shifted_exp(static_cast<float>(row[x]), m, plan.inv_t);
+          out[i * W + W - 1] = probs ? static_cast<float>(probs[i * P.probs_stride_k + x]) : 1.0f;
+        }
+      }
+      return;
+    }
+    // stage 3: the races (coupled: the target's own sample at every usable position)
+    const RowRng rng = make_row_rng(P.rnd, b);
+    auto stats = [&](int64_t i) {
+      float m;
+      int64_t arg;
+      combine_max(S.g, S.layout, b, i, m, arg);
+      return SoftmaxStats{m, combine_sum(S.g, S.layout, b, i)};
+    };
+    if (plan.coupled) {
+      for (int64_t i = 0; i < plan.usable; ++i)
+        store_race(out + i * W, race_shard<TL, float>(logits + i * P.logits_stride_k, start, end, plan.inv_t,
+                                                      stats(i), QMode::kNone, nullptr, -1,
+                                                      rng.advanced(static_cast<uint64_t>(i)), kStreamSampleTile,
+                                                      kStreamSamplePart, kStreamSampleRace, 0));
+      return;
+    }
+    const int64_t j = plan.j;
+    store_race(out + j * W, race_shard(logits + j * P.logits_stride_k, start, end, plan.inv_t, stats(j),
+                                       q_mode_at(j, plan.n, probs != nullptr), probs ? probs + j * P.probs_stride_k
+                                                                                      : nullptr,
+                                       j < plan.n ? draft[j] : -1, rng, kStreamVerifyTile, kStreamVerifyPart,
+                                       kStreamVerifyRace, static_cast<uint32_t>(j)));
+  });
+}
+
+// Entry point: stage 1..3 on this rank's shard, or stage 4 (the tokens, from the gathered outputs).
+inline void verify_shard(const ShardParams& S, DType logits_dtype, DType probs_dtype) {
+  if (S.stage == 4) {
+    for_each_row(S.v.B, [&](int64_t b) { finish_shard_row(S, b); });
+    return;
+  }
+  dispatch_logits_probs<CpuTypes>(logits_dtype, probs_dtype, [&](auto tl, auto tq) {
+    shard_stage_rows<typename decltype(tl)::type, typename decltype(tq)::type>(S);
+  });
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace cpu
+}  // namespace specdec

@@ -1,0 +1,125 @@
+"""Inputs and rank functions of the vocabulary-parallel tests (test_distributed.py): the
+stages of ``torch.ops.specdec.verify_shard`` run for every rank in ONE process (the gather is
+a list), and module-level functions that spawned ranks run through
+``specdec_ext.distributed.launch.run_ranks``."""
+from __future__ import annotations
+
+import torch
+
+import specdec_ext
+from specdec_ext import distributed as sd
+
+OPS = torch.ops.specdec
+
+
+def simulate(logits, ids, probs, temperature, seed, offset, bounds, num_drafts=None, coupled=False):
+    """verify_shard's four stages for every shard of ``bounds`` in one process (what
+    specdec_ext.distributed does over P processes). Returns one VerifyResult per rank."""
+    P = len(bounds) - 1
+    t = temperature if isinstance(temperature, torch.Tensor) else torch.tensor(float(temperature))
+    seed = seed if isinstance(seed, torch.Tensor) else torch.tensor(seed)
+    offset = offset if isinstance(offset, torch.Tensor) else torch.tensor(offset)
+
+    def args(r):
+        s, e = bounds[r], bounds[r + 1]
+        return (logits[..., s:e], ids, None if probs is None else probs[..., s:e], t, seed, offset, num_drafts,
+                coupled, bounds, r)
+
+    gathered = []
+    for stage in (1, 2, 3):
+        gathered = gathered + [OPS.verify_shard(*args(r), stage, gathered) for r in range(P)]
+    return [specdec_ext.VerifyResult(*OPS.verify_shard_finish(*args(r), gathered)) for r in range(P)]
+
+
+def random_case(g: torch.Generator, V: int, dtype=torch.float32):
+    """A random verify call mixing every kind of row: sampled / greedy rows (per-row T), per-row
+    num_drafts, drafts that are often the target's top token (so positions get accepted)."""
+    B = int(torch.randint(1, 7, (), generator=g))
+    K = int(torch.randint(0, 5, (), generator=g))
+    scale = float(torch.empty(()).uniform_(0.5, 6.0, generator=g))
+    logits = (torch.randn(B, K + 1, V, generator=g) * scale).to(dtype)
+    q = torch.softmax(logits[:, :K].float() + torch.randn(B, K, V, generator=g), -1).to(dtype)
+    ids = torch.multinomial(q.float().reshape(-1, V), 1, generator=g).view(B, K) if K else \
+        torch.empty(B, 0, dtype=torch.int64)
+    top = logits[:, :K].float().argmax(-1)
+    take_top = torch.rand(B, K, generator=g) < 0.4
+    ids = torch.where(take_top, top, ids)
+    T = torch.empty(B).uniform_(0.3, 1.5, generator=g)
+    T[torch.rand(B, generator=g) < 0.2] = 0.0
+    n = torch.randint(0, K + 1, (B,), generator=g)
+    return dict(logits=logits, ids=ids, q=q, T=T, num_drafts=n, seed=torch.randint(0, 2**40, (B,), generator=g),
+                offset=int(torch.randint(0, 1000, (), generator=g)))
+
+
+# ---- rank functions (run_ranks): fn(rank, world, *args) -> a picklable result ----
+
+def rank_identity(rank, world, bounds, cases, seed):
+    """Random calls of sd.verify / sd.sample, each compared with the single-device op on the
+    full logits; returns (mismatches, this rank's tokens of every call, counted collectives)."""
+    g = torch.Generator().manual_seed(seed)
+    s, e = bounds[rank], bounds[rank + 1]
+    V = bounds[-1]
+    bad, tokens, counts = [], [], []
+    for c in range(cases):
+        dtype = (torch.float32, torch.bfloat16, torch.float16)[c % 3]
+        x = random_case(g, V, dtype)
+        mode = "coupled" if c % 4 == 3 else "exact"
+        dense = c % 2 == 0 and mode == "exact"
+        q = x["q"] if dense else None
+        kw = dict(seed=x["seed"], offset=x["offset"], mode=mode, num_drafts=x["num_drafts"])
+        ref = specdec_ext.verify(x["logits"], x["ids"], q, x["T"], **kw)
+        with sd.count_bytes() as counter:
+            got = sd.verify(x["logits"][..., s:e], x["ids"], None if q is None else q[..., s:e], x["T"],
+                            vocab_start=s, vocab_size=V, **kw)
+        counts.append((counter.calls, counter.bytes, tuple(x["logits"].shape)))
+        for name in ("tokens", "num_accepted", "valid"):
+            if not torch.equal(getattr(ref, name), getattr(got, name)):
+                bad.append(f"case {c} ({dtype}, {mode}, dense={dense}): {name} {getattr(got, name).tolist()} != "
+                           f"{getattr(ref, name).tolist()}")
+        tokens.append(got.tokens)
+        T = float(x["T"][0])
+        ref_s = specdec_ext.sample(x["logits"][:, 0], T, seed=7 + c, offset=c)
+        got_s = sd.sample(x["logits"][:, 0, s:e], T, vocab_start=s, vocab_size=V, seed=7 + c, offset=c)
+        if not torch.equal(ref_s, got_s):
+            bad.append(f"case {c} sample ({dtype}, T={T}): {got_s.tolist()} != {ref_s.tolist()}")
+        tokens.append(got_s)
+    return bad, tokens, counts
+
+
+def rank_refusals(rank, world):
+    """Calls where one rank's arguments are wrong or the ranks disagree: every rank must raise
+    (and none hang). Returns (case, exception type, message) per case."""
+    V = 512
+    logits = torch.randn(2, 3, V, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([[1, 2], [3, 4]])
+    mid = 256
+    s, e = (0, mid) if rank == 0 else (mid, V)
+    ok = dict(vocab_start=s, vocab_size=V, seed=1)
+    cases = {
+        "overlap": lambda: sd.verify(logits[..., s:e], ids, vocab_start=s - (10 if rank == 1 else 0), vocab_size=V,
+                                 seed=1),
+        "vocab_size": lambda: sd.verify(logits[..., s:e], ids, vocab_start=s, vocab_size=V + rank, seed=1),
+        "batch": lambda: sd.verify(logits[: 2 - rank, :, s:e], ids[: 2 - rank], **ok),
+        "drafts differ": lambda: sd.verify(logits[..., s:e], ids + rank, **ok),
+        "seed differs": lambda: sd.verify(logits[..., s:e], ids, vocab_start=s, vocab_size=V, seed=rank),
+        "bad temperature on rank 0": lambda: sd.verify(logits[..., s:e], ids, temperature=-1.0 if rank == 0 else 1.0, **ok),
+        "negative vocab_start": lambda: sd.verify(logits[..., s:e], ids, vocab_start=-1 if rank == 1 else s,
+                                                  vocab_size=V, seed=1),
+        "shard past vocab_size": lambda: sd.verify(logits[..., s:e], ids, vocab_start=s, vocab_size=300, seed=1),
+        "filters": lambda: sd.verify(logits[..., s:e], ids, top_k=5, **ok),
+        "mixed ops": lambda: (sd.verify(logits[..., s:e], ids, **ok) if rank == 0
+                              else sd.sample(logits[:, 0, s:e], vocab_start=s, vocab_size=V, seed=1)),
+        "sample 3-d logits on rank 1": lambda: sd.sample(logits[:, 0, s:e] if rank == 0 else logits[..., s:e],
+                                                         vocab_start=s, vocab_size=V, seed=1),
+    }
+    out = []
+    for name, call in cases.items():
+        try:
+            call()
+            out.append((name, None, ""))
+        except Exception as exc:  # noqa: BLE001
+            out.append((name, type(exc).__name__, str(exc)))
+    # the group still works after the refusals
+    res = sd.verify(logits[..., s:e], ids, **ok)
+    out.append(("after", None, str(torch.equal(res.tokens, specdec_ext.verify(logits, ids, seed=1).tokens))))
+    return out

@@ -1,0 +1,242 @@
+"""Vocabulary-parallel verify / sample (specdec_ext.distributed, csrc/core/shard_math.h).
+
+In one process: the stages of torch.ops.specdec.verify_shard run for every shard give verify's
+tokens bit for bit on shards aligned to the 128-token race tile (random calls, hypothesis), and
+the law of verify / sample on unaligned shards (chi-square). Over torch.distributed (gloo, 2-4
+spawned processes): the same identity through specdec_ext.distributed, every rank refusing a bad
+or inconsistent call (never a hang), and the bytes handed to the collectives."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import specdec_ext
+from helpers import draws
+from shard_cases import OPS, random_case, rank_identity, rank_refusals, simulate
+from specdec_ext.distributed.launch import run_ranks
+from specdec_ext.ops.shard import shard_stage_widths
+from stats_reference import ALPHA, chi_square_pvalue, softmax64, verify_joint
+
+
+def _assert_same(ref, results, what):
+    for r, got in enumerate(results):
+        for name in ("tokens", "num_accepted", "valid"):
+            assert torch.equal(getattr(got, name), getattr(ref, name)), (
+                f"{what}, rank {r}: {name} {getattr(got, name).tolist()} != {getattr(ref, name).tolist()}")
+
+
+# ---------------------------------------------------------------- one process, every shard
+ALIGNED = [[0, 1000], [0, 128, 1000], [0, 384, 512, 1000], [0, 256, 768, 896, 1000], [0, 896, 1000]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode", ["exact", "coupled"])
+def test_stages_give_verify_tokens_on_aligned_shards(dtype, mode):
+    g = torch.Generator().manual_seed(11)
+    for c in range(draws(40, 12)):
+        x = random_case(g, 1000, dtype)
+        bounds = ALIGNED[c % len(ALIGNED)]
+        for q in (None, x["q"]) if mode == "exact" else (None,):
+            ref = specdec_ext.verify(x["logits"], x["ids"], q, x["T"], seed=x["seed"], offset=x["offset"],
+                                     num_drafts=x["num_drafts"], mode=mode)
+            got = simulate(x["logits"], x["ids"], q, x["T"], x["seed"], x["offset"], bounds, x["num_drafts"],
+                           coupled=mode == "coupled")
+            _assert_same(ref, got, f"case {c}, bounds {bounds}, dense q {q is not None}")
+
+
+def test_stages_give_sample_tokens_on_aligned_shards():
+    g = torch.Generator().manual_seed(12)
+    for c in range(draws(20, 6)):
+        logits = torch.randn(32, 1, 2000, generator=g) * 4
+        T = [0.0, 0.5, 1.0, 1.7][c % 4]
+        ref = specdec_ext.sample(logits[:, 0], T, seed=c, offset=3)
+        got = simulate(logits, torch.empty(32, 0, dtype=torch.int64), None, T, c, 3, [0, 640, 1152, 2000],
+                       coupled=True)
+        for r in got:
+            assert torch.equal(r.tokens[:, 0], ref), f"case {c}, T = {T}"
+
+
+def test_invalid_rows_match_verify():
+    """NaN / +inf at a used position (before or after the stop), all -inf positions, draft ids
+    outside [0, V), bad draft probabilities, bad per-row temperature and num_drafts."""
+    g = torch.Generator().manual_seed(3)
+    B, K, V = 12, 3, 700
+    logits = torch.randn(B, K + 1, V, generator=g) * 3
+    ids = logits[:, :K].argmax(-1)
+    q = torch.softmax(torch.randn(B, K, V, generator=g), -1)
+    logits[0, 1, 500] = float("nan")  # on shard 2, at a position the walk may pass
+    logits[1, 3, 10] = float("inf")
+    logits[2, 0] = -float("inf")  # no distribution at position 0
+    logits[3, 2] = -float("inf")  # after the stop when a draft is rejected earlier
+    ids[4, 1] = V + 3
+    ids[5, 0] = -1
+    q[6, 0, 600] = float("nan")  # a bad q entry in the rejected row (shard 2)
+    q[7, 0, ids[7, 0]] = -1.0   # a bad q(x)
+    logits[8, 2, 5] = float("nan")
+    T = torch.full((B,), 0.8)
+    T[9] = -1.0
+    T[10] = float("nan")
+    T[11] = 0.0
+    n = torch.full((B,), K)
+    n[8] = 1  # the NaN at position 2 is not used
+    n[3] = 2
+    for probs in (None, q):
+        for mode in ("exact", "coupled"):
+            ref = specdec_ext.verify(logits, ids, probs, T, seed=5, offset=1, num_drafts=n, mode=mode)
+            got = simulate(logits, ids, probs, T, 5, 1, [0, 256, 512, V], n, coupled=mode == "coupled")
+            _assert_same(ref, got, f"probs {probs is not None}, {mode}")
+            assert not ref.valid[[0, 1, 2, 4, 5, 9, 10]].any() and ref.valid[8]
+
+
+@settings(max_examples=draws(60, 15), deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_fuzz_aligned_shards_match_verify(data):
+    """Hypothesis: shard layouts (aligned, uneven, 1-4 shards), extreme logit values, strides."""
+    V = data.draw(st.integers(1, 1300), label="V")
+    tiles = (V - 1) // 128
+    cuts = sorted(data.draw(st.sets(st.integers(1, tiles), max_size=3), label="cuts")) if tiles else []
+    bounds = [0] + [128 * c for c in cuts] + [V]
+    B, K = data.draw(st.integers(1, 3), label="B"), data.draw(st.integers(0, 3), label="K")
+    scale = data.draw(st.sampled_from([1e-3, 1.0, 30.0, 1e30]), label="scale")
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31), label="seed"))
+    base = torch.randn(B, K + 1, 2 * V, generator=g) * scale
+    logits = base[..., ::2]  # a strided vocab dim (the op copies it)
+    ids = torch.randint(0, V, (B, K), generator=g)
+    if data.draw(st.booleans(), label="argmax drafts") and K:
+        ids = logits[:, :K].argmax(-1)
+    T = data.draw(st.sampled_from([0.0, 1e-4, 0.7, 1.0, 20.0]), label="T")
+    mode = data.draw(st.sampled_from(["exact", "coupled"]), label="mode")
+    ref = specdec_ext.verify(logits, ids, None, T, seed=9, offset=2, mode=mode)
+    _assert_same(ref, simulate(logits, ids, None, T, 9, 2, bounds, coupled=mode == "coupled"), f"bounds {bounds}")
+
+
+def test_unaligned_shards_follow_the_law():
+    """Shards cut inside race tiles: the emitted (num_accepted, token) of exact verify and the
+    draw of sample follow the exact law (chi-square at ALPHA), and a wrong law is rejected."""
+    V, K, N = 300, 2, draws(20000, 8000)
+    bounds = [0, 50, 133, 300]  # three parts inside tiles 0 and 1
+    g = torch.Generator().manual_seed(21)
+    row = torch.randn(1, K + 1, V, generator=g) * 1.5
+    row[..., 40:60] += 3.0  # mass on both sides of the cuts
+    row[..., 125:140] += 3.0
+    q = torch.softmax(row[:, :K] + torch.randn(1, K, V, generator=g), -1)
+    draft = torch.tensor([[int(row[0, 0, 40:60].argmax()) + 40, 130]])
+    logits, probs, ids = row.expand(N, -1, -1), q.expand(N, -1, -1), draft.expand(N, -1)
+    res = simulate(logits, ids, probs, 0.9, 77, 0, bounds)[0]
+    assert res.valid.all()
+    joint = verify_joint(softmax64(row[0], 0.9), q[0].double().numpy(), draft[0].numpy())
+    n = res.num_accepted
+    counts = torch.bincount(n * V + res.tokens.gather(1, n.view(-1, 1)).view(-1), minlength=(K + 1) * V)
+    assert chi_square_pvalue(counts.numpy(), joint) > ALPHA
+    wrong = joint.copy()
+    wrong[:, 40:50] *= 1.3  # 30% more mass on the left part of the split tile 0
+    assert chi_square_pvalue(counts.numpy(), wrong) < ALPHA  # the test can fail
+    tok = simulate(logits[:, :1], torch.empty(N, 0, dtype=torch.int64), None, 0.9, 78, 0, bounds, coupled=True)[0]
+    p = softmax64(row[0, 0], 0.9)
+    counts = torch.bincount(tok.tokens[:, 0], minlength=V).numpy()
+    assert chi_square_pvalue(counts, p) > ALPHA
+    wrong = p.copy()
+    wrong[40:50] *= 1.3
+    assert chi_square_pvalue(counts, wrong) < ALPHA
+
+
+# ---------------------------------------------------------------- the ops' contract
+def test_stage_widths_match_the_op():
+    logits = torch.randn(2, 2, 1000)
+    ids = torch.zeros(2, 1, dtype=torch.int64)
+    t, s, o = torch.tensor(1.0), torch.tensor(1), torch.tensor(0)
+    for bounds in ([0, 1000], [0, 50, 133, 1000], [0, 128 * 3, 1000], [0, 1, 2, 1000]):
+        widths = shard_stage_widths(bounds)
+        gathered = []
+        for stage in (1, 2, 3):
+            outs = [OPS.verify_shard(logits[..., bounds[r]:bounds[r + 1]], ids, None, t, s, o, None, False, bounds,
+                                     r, stage, gathered) for r in range(len(bounds) - 1)]
+            assert all(x.shape == (2, 2, widths[stage - 1]) for x in outs), (bounds, stage)
+            gathered += outs
+
+
+def test_opcheck():
+    logits, ids = torch.randn(3, 3, 300), torch.randint(0, 300, (3, 2))
+    t, s, o = torch.tensor(0.8), torch.tensor(3), torch.tensor(1)
+    gathered = []
+    for stage in (1, 2, 3):
+        args = (logits, ids, None, t, s, o, None, False, [0, 300], 0, stage, list(gathered))
+        torch.library.opcheck(OPS.verify_shard.default, args)
+        gathered.append(OPS.verify_shard(*args))
+    torch.library.opcheck(OPS.verify_shard_finish.default, (logits, ids, None, t, s, o, None, False, [0, 300], 0,
+                                                            gathered))
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(shard_bounds=[0, 100, 100, 300]), "strictly increasing"),
+    (dict(shard_bounds=[5, 300]), "start at 0"),
+    (dict(shard_bounds=[0]), "P \\+ 1 >= 2"),
+    (dict(rank=2), "rank must be in"),
+    (dict(shard_bounds=[0, 100, 300], rank=1), "holds V = 300"),
+    (dict(stage=4), "stage must be in"),
+    (dict(stage=2), "gathered must hold"),
+])
+def test_op_refuses_bad_layout_arguments(change, match):
+    a = dict(target_logits=torch.randn(2, 2, 300), draft_token_ids=torch.zeros(2, 1, dtype=torch.int64),
+             draft_probs=None, temperature=torch.tensor(1.0), seed=torch.tensor(1), offset=torch.tensor(0),
+             num_drafts=None, coupled=False, shard_bounds=[0, 300], rank=0, stage=1, gathered=[])
+    a.update(change)
+    with pytest.raises(ValueError, match=match):
+        OPS.verify_shard(*a.values())
+
+
+def test_op_refuses_bad_gathered_tensors():
+    logits, ids = torch.randn(2, 2, 300), torch.zeros(2, 1, dtype=torch.int64)
+    base = (logits, ids, None, torch.tensor(1.0), torch.tensor(1), torch.tensor(0), None, False, [0, 300], 0, 2)
+    with pytest.raises(TypeError, match="float64"):
+        OPS.verify_shard(*base, [torch.zeros(2, 2, 2, dtype=torch.float32)])
+    with pytest.raises(ValueError, match=r"gathered\[0\] \(stage 1, rank 0\) must be \[B, K\+1, 2\]"):
+        OPS.verify_shard(*base, [torch.zeros(2, 3, 2, dtype=torch.float64)])
+    with pytest.raises(ValueError, match="contiguous"):
+        OPS.verify_shard(*base, [torch.zeros(2, 2, 4, dtype=torch.float64)[..., ::2]])
+
+
+# ---------------------------------------------------------------- over torch.distributed (gloo)
+@pytest.mark.parametrize("bounds", [[0, 384, 1000], [0, 128, 896, 1100], [0, 256, 512, 640, 2000]],
+                         ids=["2 ranks", "3 ranks", "4 ranks"])
+def test_distributed_matches_one_device(bounds):
+    world = len(bounds) - 1
+    results = run_ranks(rank_identity, world, bounds, draws(16, 6), 5, timeout_s=60)
+    for r, (bad, _, _) in enumerate(results):
+        assert not bad, f"rank {r}: " + "; ".join(bad[:5])
+    for r in range(1, world):  # every rank holds the same tokens
+        assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[r][1]))
+
+
+def test_distributed_moves_o_b_k_bytes():
+    """4 collectives per call; the bytes each rank hands over depend on B, K+1 and the cover size
+    (log of the shard's tiles), never on V itself: a small fraction of gathering the logits."""
+    bounds = [0, 384, 1000]
+    (bad, _, counts), _ = run_ranks(rank_identity, 2, bounds, 4, 6, timeout_s=60)
+    assert not bad
+    widths = shard_stage_widths(bounds)
+    for calls, nbytes, (B, K1, V) in counts:
+        assert calls == 4
+        assert nbytes == 13 * 8 + B * K1 * 8 * sum(widths)  # the header (13 int64), 3 stages (float64)
+        assert nbytes < 0.25 * B * K1 * V * 4  # gathering fp32 logits: B * K1 * V * 4 per rank and more
+    assert shard_stage_widths([0, 128 * 500, 128 * 1002])[1] <= 2 * 10 + 4  # cover size grows as log2(tiles)
+
+
+def test_distributed_refusals_reach_every_rank():
+    out = run_ranks(rank_refusals, 2, timeout_s=30)
+    for r, cases in enumerate(out):
+        by_name = {name: (kind, msg) for name, kind, msg in cases}
+        assert by_name.pop("after") == (None, "True")
+        for name, (kind, msg) in by_name.items():
+            assert kind is not None, f"rank {r}: {name} did not raise"
+            assert kind in ("ValueError", "TypeError", "NotImplementedError"), (r, name, kind, msg)
+        assert "tile [0, vocab_size" in by_name["overlap"][1]
+        assert "batch sizes" in by_name["batch"][1]
+        assert "the same on every rank" in by_name["drafts differ"][1]
+        assert "the same on every rank" in by_name["seed differs"][1]
+        assert "different ops" in by_name["mixed ops"][1]
+        assert by_name["filters"][0] == "NotImplementedError"
+    assert "temperature" in out[0][0][2] or any("temperature" in m for n, k, m in out[0] if n.startswith("bad t"))
+    assert any("rank(s) [0] refused" in m for n, k, m in out[1] if n.startswith("bad t"))
+    assert any("rank(s) [1] refused" in m for n, k, m in out[0] if n == "negative vocab_start")

@@ -1,0 +1,20 @@
+"""Vocabulary-parallel :func:`verify` and :func:`sample` over ``torch.distributed``: for a
+tensor-parallel target whose LM head leaves each rank the logits of one contiguous vocabulary
+shard, without gathering the logits.
+
+Each call runs the fused kernel's local stages on this rank's shard (``torch.ops.specdec.
+verify_shard``: local max, tile-sum covers, races; csrc/core/shard_math.h) and all-gathers
+their small outputs: four collectives of O(B * (K+1)) values per rank (a fixed-size header that
+checks the ranks agree, then one per stage), never O(V). Every rank gets the same result.
+
+- Shard bounds that are multiples of 128 (the race tile): the tokens are IDENTICAL to
+  :func:`specdec_ext.verify` / :func:`specdec_ext.sample` on the gathered logits.
+- Other bounds: exact in law (every coarse-race entry keeps an independent exponential), but
+  the float rounding of the row sums differs from one device, so individual tokens may too.
+
+:func:`count_bytes` counts what this rank hands to the collectives.
+"""
+from ._comm import CommCounter, count_bytes
+from .verify import sample, verify
+
+__all__ = ["CommCounter", "count_bytes", "sample", "verify"]

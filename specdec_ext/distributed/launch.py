@@ -1,0 +1,87 @@
+"""Run a function on P local processes joined in a gloo process group: what the tests, the
+benchmark and the example use to try :mod:`specdec_ext.distributed` on one machine."""
+from __future__ import annotations
+
+import datetime
+import io
+import os
+import queue
+import socket
+import traceback
+from typing import Any, Callable, List
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+__all__ = ["RankError", "run_ranks"]
+
+
+class RankError(RuntimeError):
+    """A rank raised (its traceback is the message), or the ranks did not finish in time."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, timeout_s: float, threads: int, fn, args, results) -> None:
+    try:
+        torch.set_num_threads(threads)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        try:
+            buf = io.BytesIO()  # bytes, not shared-memory tensors: this process exits right after
+            torch.save(fn(rank, world, *args), buf)
+            results.put((rank, True, buf.getvalue()))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001  (reported to the parent, which raises)
+        results.put((rank, False, traceback.format_exc()))
+
+
+def run_ranks(fn: Callable[..., Any], world: int, *args, timeout_s: float = 60.0, threads: int = 1) -> List[Any]:
+    """``fn(rank, world, *args)`` on ``world`` spawned processes in one gloo group (its
+    collectives time out after ``timeout_s``); returns the P results in rank order.
+
+    ``fn`` and ``args`` must be picklable (a module-level function). Raises :class:`RankError`
+    with the first failing rank's traceback, or when the ranks do not all report within
+    ``2 * timeout_s`` (then they are killed).
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, timeout_s, threads, fn, args, results),
+                         daemon=True) for r in range(world)]
+    env = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if env is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env
+    out: List[Any] = [None] * world
+    failures = []
+    try:
+        for _ in range(world):
+            rank, ok, value = results.get(timeout=2 * timeout_s)
+            if ok:
+                out[rank] = torch.load(io.BytesIO(value), weights_only=False)
+            else:
+                failures.append((rank, value))
+    except queue.Empty:
+        raise RankError(f"the {world} ranks did not all finish within {2 * timeout_s:.0f} s") from None
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    if failures:
+        rank, tb = min(failures)
+        raise RankError(f"rank {rank} of {world} raised:\n{tb}")
+    return out

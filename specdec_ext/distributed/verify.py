@@ -1,0 +1,225 @@
+"""specdec_ext.distributed.verify / sample: the stages of ``torch.ops.specdec.verify_shard``
+with an all-gather after each (csrc/core/shard_math.h says what each stage computes)."""
+from __future__ import annotations
+
+import zlib
+from typing import List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .._validate import check_int
+from ..ops._args import (FloatOrTensor, IntOrTensor, Temperature, filter_args, float_arg, int64_arg, mode_arg,
+                         seed_arg, temperature_arg)
+from ..ops.sampling import VerifyResult
+from ._comm import all_gather
+
+__all__ = ["sample", "verify"]
+
+_OPS = torch.ops.specdec
+
+# The header every rank sends first: what the ranks must agree on, so that a disagreement is an
+# error on every rank instead of a hang in a later collective of another size.
+_MAGIC = 0x5EC0DE
+_H_MAGIC, _H_KIND, _H_B, _H_K, _H_V_LOCAL, _H_START, _H_VOCAB, _H_DTYPE, _H_PROBS, _H_COUPLED, _H_ERROR, \
+    _H_SEED, _H_ARGS_CRC, _H_SIZE = range(14)
+_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_KINDS = ("verify", "sample")
+
+
+def _dtype_code(t: Optional[torch.Tensor]) -> int:
+    return -1 if t is None else _DTYPES.get(t.dtype, 99)
+
+
+def _crc(values: Sequence) -> int:
+    """A checksum of the arguments every rank must pass identically (tensors by value)."""
+    crc = 0
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            c = v.detach().to("cpu").contiguous()
+            crc = zlib.crc32(repr((tuple(c.shape), str(c.dtype))).encode(), crc)
+            crc = zlib.crc32(c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b"", crc)
+        else:
+            crc = zlib.crc32(repr(v).encode(), crc)
+    return crc
+
+
+class _Call:
+    """One distributed call: this rank's arguments, checked against every other rank's."""
+
+    def __init__(self, kind: str, logits, draft_ids, draft_probs, temperature, vocab_start, vocab_size, group,
+                 filters, num_drafts, seed, offset, mode):
+        self.kind, self.group = kind, group
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        error: Optional[BaseException] = None
+        header = torch.zeros(_H_SIZE, dtype=torch.int64)
+        header[_H_MAGIC], header[_H_KIND] = _MAGIC, _KINDS.index(kind)
+        seed_given = seed is not None
+        try:
+            if any(f is not None for f in filter_args(*filters)):
+                raise NotImplementedError(
+                    f"specdec_ext.distributed.{kind} does not take top_k / top_p / min_p yet: gather the logits "
+                    f"and call specdec_ext.{kind}")
+            self.coupled = coupled = mode_arg(mode)
+            if kind == "sample":  # sample = the target's own draw of coupled verify with K = 0
+                if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+                    got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+                    raise ValueError(f"local_logits must be a tensor [B, V_local], got {got}")
+                draft_ids = torch.empty((logits.shape[0], 0), dtype=torch.int64, device=logits.device)
+                logits = logits.unsqueeze(1)
+            self.vocab_start = check_int("vocab_start", vocab_start, 0, 2**62)
+            self.vocab_size = check_int("vocab_size", vocab_size, 1, 2**62)
+            self.logits, self.draft_probs = float_arg(logits), float_arg(draft_probs)
+            self.draft_ids, self.num_drafts = draft_ids, num_drafts
+            self.t, self.seed, self.offset = temperature_arg(temperature), seed_arg(seed), int64_arg(offset, "offset")
+            if not isinstance(self.logits, torch.Tensor) or self.logits.dim() != 3:
+                raise ValueError("local_target_logits must be a tensor [B, K+1, V_local]")
+            B, K1, v_local = self.logits.shape
+            if self.vocab_start + v_local > self.vocab_size:
+                raise ValueError(f"vocab_start + V_local = {self.vocab_start} + {v_local} exceeds vocab_size = "
+                                 f"{self.vocab_size}")
+            if self.logits.device.type != "cpu":
+                raise NotImplementedError(f"specdec_ext.distributed.{kind} runs on CPU tensors (gloo) so far; "
+                                          f"got {self.logits.device}")
+            # the op's own argument checks on this shard alone (stage 0: nothing computed)
+            bounds = [0, v_local] if self.vocab_start == 0 else [0, self.vocab_start, self.vocab_start + v_local]
+            self._op(bounds, len(bounds) - 2, 0, [])
+            header[_H_B], header[_H_K], header[_H_V_LOCAL] = B, K1 - 1, v_local
+            header[_H_START], header[_H_VOCAB] = self.vocab_start, self.vocab_size
+            header[_H_DTYPE], header[_H_PROBS] = _dtype_code(self.logits), _dtype_code(self.draft_probs)
+            header[_H_COUPLED] = int(coupled)
+            header[_H_SEED] = int(self.seed) if self.seed.dim() == 0 else 0
+            header[_H_ARGS_CRC] = _crc([draft_ids, self.t, self.seed if seed_given else None, self.offset,
+                                        num_drafts])
+        except Exception as e:  # noqa: BLE001  (any refusal must reach the other ranks, or they hang)
+            error = e
+            header[_H_ERROR] = 1
+        headers = all_gather(header, group)
+        self._agree(headers, error, seed_given)
+
+    def _agree(self, headers: List[torch.Tensor], error, seed_given: bool) -> None:
+        """The same verdict on every rank, from the same gathered headers."""
+        h = torch.stack(headers)
+        name = f"specdec_ext.distributed.{self.kind}"
+        refused = [r for r in range(self.world) if h[r, _H_ERROR]]
+        if error is not None:
+            raise error
+        if refused:
+            raise ValueError(f"{name}: rank(s) {refused} refused their arguments (the error on those ranks says why)")
+        if (h[:, _H_MAGIC] != _MAGIC).any() or (h[:, _H_KIND] != h[0, _H_KIND]).any():
+            kinds = [_KINDS[int(k)] if 0 <= int(k) < len(_KINDS) else "?" for k in h[:, _H_KIND]]
+            raise ValueError(f"{name}: the ranks called different ops: {kinds}")
+        for col, what in ((_H_B, "batch sizes B"), (_H_K, "numbers of drafts K"), (_H_VOCAB, "vocab_size"),
+                          (_H_DTYPE, "logits dtypes"), (_H_PROBS, "draft_probs (dtype or None)"),
+                          (_H_COUPLED, "modes")):
+            if (h[:, col] != h[0, col]).any():
+                raise ValueError(f"{name}: the ranks disagree on their {what}: {h[:, col].tolist()} (rank order)")
+        if (h[:, _H_ARGS_CRC] != h[0, _H_ARGS_CRC]).any():
+            raise ValueError(f"{name}: draft_token_ids, temperature, seed, offset and num_drafts must be the same "
+                             "on every rank; they differ")
+        starts, sizes = h[:, _H_START].tolist(), h[:, _H_V_LOCAL].tolist()
+        bounds = [0]
+        for s, n in zip(starts, sizes):
+            if s != bounds[-1]:
+                break
+            bounds.append(s + n)
+        vocab = int(h[0, _H_VOCAB])
+        if len(bounds) != self.world + 1 or bounds[-1] != vocab:
+            shards = ", ".join(f"rank {r}: [{s}, {s + n})" for r, (s, n) in enumerate(zip(starts, sizes)))
+            raise ValueError(f"{name}: vocab_start / vocab_size: the shards must tile [0, vocab_size = {vocab}) in "
+                             f"rank order without gaps or overlaps; got {shards}")
+        self.bounds = bounds
+        if not seed_given:  # every rank drew its own: use rank 0's
+            self.seed = torch.tensor(int(h[0, _H_SEED]), dtype=torch.int64)
+
+    def _op(self, bounds, rank, stage, gathered):
+        args = (self.logits, self.draft_ids, self.draft_probs, self.t, self.seed, self.offset, self.num_drafts,
+                self.coupled, bounds, rank)
+        if stage == 4:
+            return _OPS.verify_shard_finish(*args, gathered)
+        return _OPS.verify_shard(*args, stage, gathered)
+
+    def run(self) -> VerifyResult:
+        gathered: List[torch.Tensor] = []
+        for stage in (1, 2, 3):
+            gathered += all_gather(self._op(self.bounds, self.rank, stage, gathered), self.group)
+        return VerifyResult(*self._op(self.bounds, self.rank, 4, gathered))
+
+
+def verify(
+    local_target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    local_draft_probs: Optional[torch.Tensor] = None,
+    temperature: Temperature = 1.0,
+    *,
+    vocab_start: int,
+    vocab_size: int,
+    group=None,
+    top_k: Optional[IntOrTensor] = None,
+    top_p: Optional[FloatOrTensor] = None,
+    min_p: Optional[FloatOrTensor] = None,
+    num_drafts: Optional[torch.Tensor] = None,
+    mode: str = "exact",
+    seed: Optional[IntOrTensor] = None,
+    offset: IntOrTensor = 0,
+) -> VerifyResult:
+    """:func:`specdec_ext.verify` on logits split over the ranks of ``group`` by vocabulary.
+
+    Parameters
+    ----------
+    local_target_logits : Tensor [B, K+1, V_local] float32 | float16 | bfloat16 (| float64)
+        This rank's logits: tokens [vocab_start, vocab_start + V_local). The shards of the ranks,
+        in rank order, must tile [0, vocab_size) (uneven sizes are fine).
+    draft_token_ids : Tensor [B, K] int64 | int32
+        GLOBAL token ids; the same on every rank.
+    local_draft_probs : Tensor [B, K, V_local], optional
+        This rank's shard of the draft distributions (None: one-hot drafts).
+    temperature, num_drafts, mode, seed, offset
+        As in :func:`specdec_ext.verify`, the same on every rank (checked). ``seed=None`` uses
+        the seed rank 0 draws.
+    vocab_start, vocab_size : int
+        This rank's first token and the full vocabulary size.
+    group : torch.distributed process group, optional
+        The ranks that hold the shards (default: the world). gloo; CPU tensors so far.
+    top_k, top_p, min_p
+        Not supported yet (NotImplementedError on every rank).
+
+    Returns
+    -------
+    VerifyResult(tokens [B, K+1] int64, num_accepted [B] int64, valid [B] bool), the same on
+    every rank: with shard bounds at multiples of 128, exactly verify's on the gathered logits.
+
+    A bad argument on any rank, or ranks that disagree (shapes, dtypes, modes, draft ids,
+    temperature, seed, offset, num_drafts, shards that do not tile the vocabulary), raises on
+    EVERY rank after the first collective (ValueError / TypeError; the refusing rank's own
+    message there, a message naming it elsewhere), never a hang.
+    """
+    return _Call("verify", local_target_logits, draft_token_ids, local_draft_probs, temperature, vocab_start,
+                 vocab_size, group, (top_k, top_p, min_p), num_drafts, seed, offset, mode).run()
+
+
+def sample(
+    local_logits: torch.Tensor,
+    temperature: Temperature = 1.0,
+    *,
+    vocab_start: int,
+    vocab_size: int,
+    group=None,
+    top_k: Optional[IntOrTensor] = None,
+    top_p: Optional[FloatOrTensor] = None,
+    min_p: Optional[FloatOrTensor] = None,
+    seed: Optional[IntOrTensor] = None,
+    offset: IntOrTensor = 0,
+) -> torch.Tensor:
+    """:func:`specdec_ext.sample` on logits split over the ranks of ``group`` by vocabulary.
+
+    local_logits : Tensor [B, V_local] float32 | float16 | bfloat16 (| float64), this rank's
+    tokens [vocab_start, vocab_start + V_local); the other arguments as in :func:`verify`.
+
+    Returns tokens [B] int64 (-1 for an invalid row), the same on every rank: with shard bounds
+    at multiples of 128, exactly :func:`specdec_ext.sample`'s on the gathered logits (the
+    target's own draw of coupled verify with K = 0, which is that).
+    """
+    result = _Call("sample", local_logits, None, None, temperature, vocab_start, vocab_size, group,
+                   (top_k, top_p, min_p), None, seed, offset, "coupled").run()
+    return result.tokens[:, 0]

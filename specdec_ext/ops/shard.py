@@ -1,0 +1,88 @@
+"""``specdec::verify_shard`` / ``verify_shard_finish``: the local stages of vocabulary-parallel
+verify and sample (csrc/core/shard_math.h). Users call :mod:`specdec_ext.distributed`, which
+runs the stages and the collectives between them; this module holds the ops' fake kernels and
+the layout rule their output widths follow."""
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import torch
+
+from ._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype
+
+__all__ = ["RACE_TILE", "shard_stage_widths"]
+
+#: tokens per race tile (core/verify_math.h kRaceTile): shard bounds that are multiples of it give
+#: the single-device tokens bit for bit
+RACE_TILE = 128
+
+_HOST_OK = ("temperature", "seed", "offset", "num_drafts")
+
+
+def _cover_level(p: int, end: int) -> int:
+    level = 0
+    while ((p >> level) & 1) == 0 and p + (2 << level) <= end:
+        level += 1
+    return level
+
+
+def _cover_size(a: int, b: int) -> int:
+    n, p = 0, a
+    while p < b:
+        p += 1 << _cover_level(p, b)
+        n += 1
+    return n
+
+
+def _part_count(s: int, e: int) -> int:
+    return 0 if e <= s else (e - 1) // RACE_TILE - s // RACE_TILE + 1
+
+
+def shard_stage_widths(shard_bounds: Sequence[int]) -> List[int]:
+    """The widths of verify_shard's stage 1, 2, 3 outputs ([B, K+1, width] float64) for the
+    vocabulary split ``shard_bounds`` (int[P+1]): 2, the largest tile-sum cover of a shard + 2
+    (core/tile_sum.h, core/shard_math.h ShardLayout::max_cover_size), 7."""
+    first, covers = 0, []
+    for s, e in zip(shard_bounds[:-1], shard_bounds[1:]):
+        n = _part_count(s, e)
+        covers.append(_cover_size(first, first + n))
+        first += n
+    return [2, max(covers) + 2, 7]
+
+
+def _check_shard_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, num_drafts):
+    check_devices(target_logits, "target_logits",
+                  dict(draft_token_ids=draft_token_ids, draft_probs=draft_probs, temperature=temperature, seed=seed,
+                       offset=offset, num_drafts=num_drafts), host_ok=_HOST_OK)
+    check_dim(target_logits, "target_logits", 3, "[B, K+1, V_r]")
+    check_dim(draft_token_ids, "draft_token_ids", 2, "[B, K]")
+    check_dim(draft_probs, "draft_probs", 3, "[B, K, V_r]")
+    check_dim(num_drafts, "num_drafts", 1, "[B]")
+    check_dtype(target_logits, "target_logits", FLOATS)
+    check_dtype(draft_probs, "draft_probs", FLOATS)
+    check_dtype(draft_token_ids, "draft_token_ids", INDEX)
+    check_dtype(num_drafts, "num_drafts", INDEX)
+    check_dtype(temperature, "temperature", FLOATS + (torch.float64,))
+    check_dtype(seed, "seed", INDEX)
+    check_dtype(offset, "offset", INDEX)
+
+
+@torch.library.register_fake("specdec::verify_shard")
+def _verify_shard_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, num_drafts, coupled,
+                       shard_bounds, rank, stage, gathered):
+    _check_shard_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, num_drafts)
+    if not 0 <= stage <= 3:
+        raise ValueError(f"stage must be in [0, 3] (verify_shard_finish is stage 4), got {stage}")
+    if stage == 0:
+        return target_logits.new_empty((0,), dtype=torch.float64)
+    B, K1 = target_logits.shape[0], target_logits.shape[1]
+    return target_logits.new_empty((B, K1, shard_stage_widths(shard_bounds)[stage - 1]), dtype=torch.float64)
+
+
+@torch.library.register_fake("specdec::verify_shard_finish")
+def _verify_shard_finish_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, num_drafts,
+                              coupled, shard_bounds, rank, gathered):
+    _check_shard_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, num_drafts)
+    B, K1 = target_logits.shape[0], target_logits.shape[1]
+    return (target_logits.new_empty((B, K1), dtype=torch.int64), target_logits.new_empty((B,), dtype=torch.int64),
+            target_logits.new_empty((B,), dtype=torch.bool))
