@@ -5,16 +5,21 @@ tokens bit for bit on shards aligned to the 128-token race tile (random calls, h
 the law of verify / sample on unaligned shards (chi-square). Over torch.distributed (gloo, 2-4
 spawned processes): the same identity through specdec_ext.distributed, every rank refusing a bad
 or inconsistent call (never a hang), and the bytes handed to the collectives."""
+import os
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import cli_runner
 import specdec_ext
 from helpers import draws
 from shard_cases import OPS, random_case, rank_identity, rank_refusals, simulate
+from specdec_ext.distributed import VocabParallelModel, VocabShard, even_bounds
 from specdec_ext.distributed.launch import run_ranks
+from specdec_ext.models import SpecModel
 from specdec_ext.ops.shard import shard_stage_widths
 from stats_reference import ALPHA, chi_square_pvalue, softmax64, verify_joint
 
@@ -240,3 +245,54 @@ def test_distributed_refusals_reach_every_rank():
     assert "temperature" in out[0][0][2] or any("temperature" in m for n, k, m in out[0] if n.startswith("bad t"))
     assert any("rank(s) [0] refused" in m for n, k, m in out[1] if n.startswith("bad t"))
     assert any("rank(s) [1] refused" in m for n, k, m in out[0] if n == "negative vocab_start")
+
+
+# ---------------------------------------------------------------- the engine with a split LM head
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "vocab_parallel.py")
+
+
+def test_engine_example_generates_the_same_text_on_2_ranks():
+    """examples/vocab_parallel.py: the bundled reference Llama with its LM head split over 2 gloo
+    ranks generates the single process's greedy and seeded text on every rank."""
+    r = cli_runner.run([EXAMPLE, "--world", "2", "--max-new-tokens", "24", "--k", "3"], timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("same text") == 4 and "MISMATCH" not in r.stdout
+
+
+def test_even_bounds_and_vocab_shard():
+    assert even_bounds(4096, 2) == [0, 2048, 4096]
+    assert even_bounds(300, 2) == [0, 128, 300]
+    assert even_bounds(1000, 3) == [0, 256, 640, 1000]
+    for V, P in ((1000, 3), (129, 2), (50000, 7)):
+        b = even_bounds(V, P)
+        assert b[0] == 0 and b[-1] == V and all(x % 128 == 0 for x in b[1:-1]) and all(x < y for x, y in zip(b, b[1:]))
+    with pytest.raises(ValueError, match="cannot split 200 tokens"):
+        even_bounds(200, 3)
+    assert VocabShard.even(1000, rank=1, world=3) == VocabShard(256, 640, 1000)
+    with pytest.raises(ValueError, match="end"):
+        VocabShard(10, 10, 100)
+
+
+class _Fixed(SpecModel):
+    """A SpecModel returning fixed logits (of the wrong width for the shard)."""
+    vocab_size, device = 300, torch.device("cpu")
+
+    def reset(self, batch_size, max_len):
+        pass
+
+    def forward(self, input_ids):
+        return torch.zeros(*input_ids.shape, 300)
+
+    def rollback(self, num_appended, num_kept):
+        pass
+
+
+def test_vocab_parallel_model_checks_its_logits_and_refuses_trees():
+    model = VocabParallelModel(_Fixed(), VocabShard(0, 128, 300))
+    assert model.vocab_size == 300 and model.vocab_shard.size == 128 and not model.supports_tree
+    with pytest.raises(ValueError, match="holds 128"):
+        model.forward(torch.zeros(1, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="does not support tree speculation"):
+        specdec_ext.SpeculativeEngine(model, _Fixed(), k=2, tree=[2, 2])
+    with pytest.raises(TypeError, match="VocabShard"):
+        VocabParallelModel(_Fixed(), (0, 128, 300))

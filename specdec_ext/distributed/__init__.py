@@ -12,9 +12,14 @@ checks the ranks agree, then one per stage), never O(V). Every rank gets the sam
 - Other bounds: exact in law (every coarse-race entry keeps an independent exponential), but
   the float rounding of the row sums differs from one device, so individual tokens may too.
 
-:func:`count_bytes` counts what this rank hands to the collectives.
+:func:`count_bytes` counts what this rank hands to the collectives. :class:`VocabParallelModel`
+(with :class:`VocabShard` and :func:`split_lm_head`) lets :class:`~specdec_ext.SpeculativeEngine`
+drive a target whose forward returns local logits; :mod:`.launch` runs a function on P local
+gloo ranks.
 """
 from ._comm import CommCounter, count_bytes
+from .model import VocabParallelModel, VocabShard, even_bounds, split_lm_head
 from .verify import sample, verify
 
-__all__ = ["CommCounter", "count_bytes", "sample", "verify"]
+__all__ = ["CommCounter", "VocabParallelModel", "VocabShard", "count_bytes", "even_bounds", "sample",
+           "split_lm_head", "verify"]

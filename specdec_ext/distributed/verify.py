@@ -36,9 +36,10 @@ def _crc(values: Sequence) -> int:
     crc = 0
     for v in values:
         if isinstance(v, torch.Tensor):
-            c = v.detach().to("cpu").contiguous()
-            crc = zlib.crc32(repr((tuple(c.shape), str(c.dtype))).encode(), crc)
-            crc = zlib.crc32(c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b"", crc)
+            c = v.detach().to("cpu")
+            c = c.double() if c.is_floating_point() else c.long()  # numpy has no bfloat16
+            crc = zlib.crc32(repr((tuple(c.shape), str(v.dtype))).encode(), crc)
+            crc = zlib.crc32(c.numpy().tobytes(), crc)
         else:
             crc = zlib.crc32(repr(v).encode(), crc)
     return crc

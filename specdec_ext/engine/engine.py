@@ -62,7 +62,7 @@ from .metrics import SpecDecMetrics
 from .outputs import GenerationOutput
 from .ngram import NgramIndex
 from .phases import (check_rows, draft_phase, drop_entries, ngram_drafts, override_drafts, prefill, score_phase,
-                     verify_phase)
+                     shared_seed, verify_phase)
 from .rng_keys import StepKeys
 from .run import Run
 from .timing import SyncDebug, make_timer
@@ -250,6 +250,8 @@ class SpeculativeEngine:
         temps = check_temperature_rows(temperature, B)
         filters = check_filters(B, **filters)
         eos, seed = check_eos(eos_token_id, V), check_seed(seed, B)
+        if seed is None and self.target.vocab_shard is not None:  # every rank must draw the same numbers
+            seed = shared_seed(self.target.vocab_shard.group)
         costs = self._costs(seed is not None)
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())  # CPU generator: no sync
@@ -335,7 +337,8 @@ class SpeculativeEngine:
             timer.mark()
             num_drafts = None if all(kb == k for kb in ks) else self._to_device(torch.tensor(ks, dtype=torch.int64))
             offset = run.keys.verify(run.step, run.positions)
-            packed = verify_phase(logits, draft_ids, draft_probs, run.sampling, offset, num_drafts, run.keys.mode)
+            packed = verify_phase(logits, draft_ids, draft_probs, run.sampling, offset, num_drafts, run.keys.mode,
+                                  self.target.vocab_shard)
             timer.mark()
         rows = packed.cpu().tolist()  # the step's ONE device -> host copy
         check_rows(rows, k, run.active, run.step)

@@ -127,16 +127,38 @@ def score_phase(target: SpecModel, last: torch.Tensor, draft_ids: torch.Tensor) 
 
 
 def verify_phase(target_logits: torch.Tensor, draft_ids: torch.Tensor, draft_probs: Optional[torch.Tensor],
-                 sampling: SamplingArgs, offset, num_drafts: Optional[torch.Tensor], mode: str) -> torch.Tensor:
+                 sampling: SamplingArgs, offset, num_drafts: Optional[torch.Tensor], mode: str,
+                 shard=None) -> torch.Tensor:
     """:func:`verify` (the run's temperature, filters and seed; ``offset`` an int or int64
     [B]; ``num_drafts`` int64 [B] on the device, None = K for every row; ``mode`` "exact" |
     "coupled"), packed for the step's one device-to-host copy: int64 [B, K+4] = tokens
-    [K+1], num_accepted, valid, draft_ok (the draft gave every row a usable token)."""
-    res = verify(target_logits, draft_ids, draft_probs, sampling.temperature, **sampling.kwargs(), offset=offset,
-                 num_drafts=num_drafts, mode=mode)
+    [K+1], num_accepted, valid, draft_ok (the draft gave every row a usable token).
+    ``shard`` (the target's :class:`~specdec_ext.distributed.VocabShard`): target_logits
+    [B, K+1, shard.size] hold this rank's vocabulary shard and draft_probs the whole
+    vocabulary; :func:`specdec_ext.distributed.verify` runs instead."""
+    if shard is None:
+        res = verify(target_logits, draft_ids, draft_probs, sampling.temperature, **sampling.kwargs(),
+                     offset=offset, num_drafts=num_drafts, mode=mode)
+    else:
+        from .. import distributed
+
+        local_probs = None if draft_probs is None else draft_probs[..., shard.start:shard.end]
+        res = distributed.verify(target_logits, draft_ids, local_probs, sampling.temperature, **sampling.kwargs(),
+                                 offset=offset, num_drafts=num_drafts, mode=mode, vocab_start=shard.start,
+                                 vocab_size=shard.vocab_size, group=shard.group)
     draft_ok = (draft_ids >= 0).all(dim=1) if draft_ids.shape[1] else torch.ones_like(res.valid)
     return torch.cat([res.tokens, res.num_accepted.view(-1, 1), res.valid.view(-1, 1).long(),
                       draft_ok.view(-1, 1).long()], dim=1)
+
+
+def shared_seed(group) -> int:
+    """A run seed drawn by rank 0 of ``group`` (torch's default CPU generator) and broadcast,
+    so that every rank of a vocabulary-parallel target draws the same numbers."""
+    import torch.distributed as dist
+
+    t = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+    dist.broadcast(t, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
+    return int(t[0])
 
 
 def check_rows(rows: List[List[int]], k: int, active: Sequence[bool], step: int) -> None:

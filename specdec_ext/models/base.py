@@ -48,6 +48,11 @@ class SpecModel(abc.ABC):
     #: a number proportional to the cost of one forward step (e.g. the parameter count), used
     #: by adaptive K for a deterministic cost ratio when a run is seeded; None = unknown
     step_cost_hint: Optional[float] = None
+    #: None: :meth:`forward` returns logits over the whole vocabulary. A
+    #: :class:`specdec_ext.distributed.VocabShard`: it returns this rank's contiguous vocabulary
+    #: shard only, [B, S, shard.size] (a vocab-parallel LM head), and the engine verifies with
+    #: :func:`specdec_ext.distributed.verify` (see :class:`specdec_ext.distributed.VocabParallelModel`)
+    vocab_shard = None
 
     @abc.abstractmethod
     def reset(self, batch_size: int, max_len: int) -> None:
