@@ -69,6 +69,18 @@ def test_bench_filtered_smoke(tmp_path, capsys):
                                atol=1e-6, rtol=1e-4)
 
 
+def test_bench_distributed_smoke(tmp_path, capsys):
+    path = str(tmp_path / "distributed.json")
+    assert bench_main(["distributed", "--quick", "--reps", "2", "--json", path]) == 0
+    rows = json.load(open(path))["rows"]
+    assert [(r["P"], r["B"], r["V"]) for r in rows] == [(2, 1, 32000), (2, 8, 32000)]
+    assert all(r["collectives"] == 4 and r["fused_s"] > 0 and r["gather_s"] > 0 for r in rows)
+    # every rank sends O(B (K+1)) values, the gather its [B, K+1, V / P] float32 logits
+    assert all(r["bytes"] < r["gather_bytes"] / 100 for r in rows)
+    assert "gather ms" in capsys.readouterr().out
+    assert bench_main(["distributed", "--backend", "nccl"]) == 2
+
+
 def test_bench_kv_smoke(tmp_path, capsys):
     path = str(tmp_path / "kv.json")
     assert not bench_main(["kv", "--device", "cpu", "--max-len", "64", "--context", "16", "--min-seconds", "0.001",

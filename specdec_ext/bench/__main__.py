@@ -14,6 +14,8 @@ COMMANDS = {
            "KV-cache append / paged gather ops vs PyTorch indexing and a plain copy of the same bytes"),
     "e2e": ("specdec_ext.bench.e2e",
             "the engine on the bundled pair vs target-only decoding and Hugging Face generate (plain and assisted)"),
+    "distributed": ("specdec_ext.bench.distributed",
+                    "vocab-parallel verify over P gloo ranks vs all_gather of the logits + verify (time, bytes)"),
     "sass": ("specdec_ext.bench.sass",
              "static read of the built CUDA kernels' SASS (registers, spills, loads); no timing"),
 }

@@ -19,7 +19,7 @@ gloo ranks.
 """
 from ._comm import CommCounter, count_bytes
 from .model import VocabParallelModel, VocabShard, even_bounds, split_lm_head
-from .verify import sample, verify
+from .protocol import sample, verify
 
 __all__ = ["CommCounter", "VocabParallelModel", "VocabShard", "count_bytes", "even_bounds", "sample",
            "split_lm_head", "verify"]

@@ -7,6 +7,7 @@ import io
 import os
 import queue
 import socket
+import time
 import traceback
 from typing import Any, Callable, List
 
@@ -66,16 +67,25 @@ def run_ranks(fn: Callable[..., Any], world: int, *args, timeout_s: float = 60.0
         else:
             os.environ["OMP_NUM_THREADS"] = env
     out: List[Any] = [None] * world
-    failures = []
+    failures, reported = [], set()
+    deadline = time.monotonic() + 2 * timeout_s
     try:
-        for _ in range(world):
-            rank, ok, value = results.get(timeout=2 * timeout_s)
+        while len(reported) < world:
+            try:
+                rank, ok, value = results.get(timeout=0.5)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if r not in reported and p.exitcode not in (None, 0)]
+                if dead:  # died without reporting (e.g. could not start): no use waiting for it
+                    raise RankError(f"rank {dead[0]} of {world} exited with code {procs[dead[0]].exitcode} "
+                                    "before reporting") from None
+                if time.monotonic() > deadline:
+                    raise RankError(f"the {world} ranks did not all finish within {2 * timeout_s:.0f} s") from None
+                continue
+            reported.add(rank)
             if ok:
                 out[rank] = torch.load(io.BytesIO(value), weights_only=False)
             else:
                 failures.append((rank, value))
-    except queue.Empty:
-        raise RankError(f"the {world} ranks did not all finish within {2 * timeout_s:.0f} s") from None
     finally:
         for p in procs:
             p.join(timeout=5)

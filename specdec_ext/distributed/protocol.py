@@ -53,7 +53,7 @@ class _Call:
         self.kind, self.group = kind, group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         error: Optional[BaseException] = None
-        header = torch.zeros(_H_SIZE, dtype=torch.int64)
+        header = [0] * _H_SIZE  # filled as plain ints, sent as one int64 tensor
         header[_H_MAGIC], header[_H_KIND] = _MAGIC, _KINDS.index(kind)
         seed_given = seed is not None
         try:
@@ -95,43 +95,43 @@ class _Call:
         except Exception as e:  # noqa: BLE001  (any refusal must reach the other ranks, or they hang)
             error = e
             header[_H_ERROR] = 1
-        headers = all_gather(header, group)
+        headers = all_gather(torch.tensor(header, dtype=torch.int64), group)
         self._agree(headers, error, seed_given)
 
     def _agree(self, headers: List[torch.Tensor], error, seed_given: bool) -> None:
         """The same verdict on every rank, from the same gathered headers."""
-        h = torch.stack(headers)
+        h = [t.tolist() for t in headers]  # plain ints: a handful of Python checks, no tensor ops
+        col = lambda c: [row[c] for row in h]  # noqa: E731
         name = f"specdec_ext.distributed.{self.kind}"
-        refused = [r for r in range(self.world) if h[r, _H_ERROR]]
+        refused = [r for r in range(self.world) if h[r][_H_ERROR]]
         if error is not None:
             raise error
         if refused:
             raise ValueError(f"{name}: rank(s) {refused} refused their arguments (the error on those ranks says why)")
-        if (h[:, _H_MAGIC] != _MAGIC).any() or (h[:, _H_KIND] != h[0, _H_KIND]).any():
-            kinds = [_KINDS[int(k)] if 0 <= int(k) < len(_KINDS) else "?" for k in h[:, _H_KIND]]
+        if any(m != _MAGIC for m in col(_H_MAGIC)) or len(set(col(_H_KIND))) > 1:
+            kinds = [_KINDS[k] if 0 <= k < len(_KINDS) else "?" for k in col(_H_KIND)]
             raise ValueError(f"{name}: the ranks called different ops: {kinds}")
-        for col, what in ((_H_B, "batch sizes B"), (_H_K, "numbers of drafts K"), (_H_VOCAB, "vocab_size"),
-                          (_H_DTYPE, "logits dtypes"), (_H_PROBS, "draft_probs (dtype or None)"),
-                          (_H_COUPLED, "modes")):
-            if (h[:, col] != h[0, col]).any():
-                raise ValueError(f"{name}: the ranks disagree on their {what}: {h[:, col].tolist()} (rank order)")
-        if (h[:, _H_ARGS_CRC] != h[0, _H_ARGS_CRC]).any():
+        for c, what in ((_H_B, "batch sizes B"), (_H_K, "numbers of drafts K"), (_H_VOCAB, "vocab_size"),
+                        (_H_DTYPE, "logits dtypes"), (_H_PROBS, "draft_probs (dtype or None)"), (_H_COUPLED, "modes")):
+            if len(set(col(c))) > 1:
+                raise ValueError(f"{name}: the ranks disagree on their {what}: {col(c)} (rank order)")
+        if len(set(col(_H_ARGS_CRC))) > 1:
             raise ValueError(f"{name}: draft_token_ids, temperature, seed, offset and num_drafts must be the same "
                              "on every rank; they differ")
-        starts, sizes = h[:, _H_START].tolist(), h[:, _H_V_LOCAL].tolist()
+        starts, sizes = col(_H_START), col(_H_V_LOCAL)
         bounds = [0]
         for s, n in zip(starts, sizes):
             if s != bounds[-1]:
                 break
             bounds.append(s + n)
-        vocab = int(h[0, _H_VOCAB])
+        vocab = h[0][_H_VOCAB]
         if len(bounds) != self.world + 1 or bounds[-1] != vocab:
             shards = ", ".join(f"rank {r}: [{s}, {s + n})" for r, (s, n) in enumerate(zip(starts, sizes)))
             raise ValueError(f"{name}: vocab_start / vocab_size: the shards must tile [0, vocab_size = {vocab}) in "
                              f"rank order without gaps or overlaps; got {shards}")
         self.bounds = bounds
         if not seed_given:  # every rank drew its own: use rank 0's
-            self.seed = torch.tensor(int(h[0, _H_SEED]), dtype=torch.int64)
+            self.seed = torch.tensor(h[0][_H_SEED], dtype=torch.int64)
 
     def _op(self, bounds, rank, stage, gathered):
         args = (self.logits, self.draft_ids, self.draft_probs, self.t, self.seed, self.offset, self.num_drafts,

@@ -1,0 +1,115 @@
+"""python -m specdec_ext.bench distributed: vocabulary-parallel verify against gather-then-verify.
+
+P ranks (gloo, one CPU thread each, spawned on this machine) each hold [B, K+1, V / P] logits
+(K = 5 drafts, the argmax of each position, so most are accepted; temperature 0.8). Per call:
+
+* ours:   ``specdec_ext.distributed.verify`` on the local shard (the fused kernel's local
+  stages and four all-gathers of O(B * (K+1)) values);
+* gather: ``all_gather`` of the local logits, then ``specdec_ext.verify`` on [B, K+1, V]
+  (what vLLM / SGLang / a plain engine do today).
+
+Columns: the median time per call on rank 0 (each rank makes the same fixed number of calls,
+so the collectives line up), the bytes each rank hands to the collectives per call, and the
+ratios gather / ours. On this CPU with gloo over loopback the wire is memory: on a real
+interconnect the byte column is what scales.
+
+    python -m specdec_ext.bench distributed [--quick] [--world P] [--json PATH]
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+
+import specdec_ext
+from specdec_ext import distributed as sd
+from specdec_ext.distributed.launch import run_ranks
+
+from .timing import machine_load, warn_if_busy
+
+FULL = dict(B=[1, 8, 32], V=[32000, 128256])
+QUICK = dict(B=[1, 8], V=[32000])
+K_DRAFTS, T, REPS = 5, 0.8, 15
+HEADER = (f"{'P':>2}{'B':>5}{'V':>8}  {'ours ms':>9}  {'gather ms':>9}  {'x time':>7}  {'ours bytes':>11}  "
+          f"{'gather bytes':>12}  {'x bytes':>8}")
+
+
+def _median_seconds(fn, reps: int) -> float:
+    """Median of ``reps`` timed calls after 2 warm-ups; every rank runs the same count."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def rank_rows(rank: int, world: int, grid: Dict[str, list], reps: int) -> List[dict]:
+    rows = []
+    for V in grid["V"]:
+        bounds = sd.even_bounds(V, world)
+        s, e = bounds[rank], bounds[rank + 1]
+        for B in grid["B"]:
+            g = torch.Generator().manual_seed(B + V)
+            logits = torch.randn(B, K_DRAFTS + 1, V, generator=g) * 3
+            drafts = logits[:, :K_DRAFTS].argmax(-1)
+            local = logits[..., s:e].contiguous()
+
+            def ours():
+                return sd.verify(local, drafts, None, T, vocab_start=s, vocab_size=V, seed=1)
+
+            def gather():
+                parts = [torch.empty(B, K_DRAFTS + 1, bounds[r + 1] - bounds[r]) for r in range(world)]
+                dist.all_gather(parts, local)
+                return specdec_ext.verify(torch.cat(parts, -1), drafts, None, T, seed=1)
+
+            assert torch.equal(ours().tokens, gather().tokens)  # the same tokens (128-aligned shards)
+            with sd.count_bytes() as c:
+                ours()
+            t_ours, t_gather = _median_seconds(ours, reps), _median_seconds(gather, reps)
+            gather_bytes = local.numel() * local.element_size()
+            row = dict(op="verify", P=world, B=B, K=K_DRAFTS, V=V, fused_s=t_ours, gather_s=t_gather,
+                       speedup=t_gather / t_ours, bytes=c.bytes, collectives=c.calls, gather_bytes=gather_bytes,
+                       bytes_ratio=gather_bytes / c.bytes)
+            row.update(machine_load())
+            rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specdec_ext.bench distributed", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help=f"a small grid {QUICK} (default {FULL})")
+    ap.add_argument("--world", type=int, default=2, help="ranks (processes), default 2")
+    ap.add_argument("--reps", type=int, default=REPS, help=f"timed calls per row and rank (default {REPS})")
+    ap.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
+                    help="gloo on CPU tensors (nccl: not yet, the distributed ops take CPU tensors so far)")
+    ap.add_argument("--json", metavar="PATH", help="write the rows as JSON (with the machine's load)")
+    args = ap.parse_args(argv)
+    if args.backend == "nccl":
+        print("specdec_ext.distributed runs on CPU tensors (gloo) so far: no NCCL rows", file=sys.stderr)
+        return 2
+    if args.world < 1 or args.reps < 1:
+        print("--world and --reps must be >= 1", file=sys.stderr)
+        return 2
+    warn_if_busy(machine_load())
+    print(HEADER)
+    rows = run_ranks(rank_rows, args.world, QUICK if args.quick else FULL, args.reps, timeout_s=300)[0]
+    for r in rows:
+        print(f"{r['P']:>2}{r['B']:>5}{r['V']:>8}  {r['fused_s'] * 1e3:>9.3f}  {r['gather_s'] * 1e3:>9.3f}  "
+              f"{r['speedup']:>6.2f}x  {r['bytes']:>11}  {r['gather_bytes']:>12}  {r['bytes_ratio']:>7.0f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(rows=rows, torch=torch.__version__, machine=machine_load()), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
