@@ -83,6 +83,21 @@ inline float hsum(const Vec& v) {
   return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, v);
 }
 
+// The lanes a[0 .. Vec::size()) added in a fixed pairwise tree ((a0 + a1) + (a2 + a3)) + ...:
+// the order of a tile value's vector accumulator (tile_lanes_sum), which topk_sum_exp rebuilds
+// from the survivors alone. Overwrites a.
+inline float lane_tree_sum(float* a) {
+  for (int64_t w = Vec::size(); w > 1; w /= 2)
+    for (int64_t l = 0; l < w / 2; ++l) a[l] = a[2 * l] + a[2 * l + 1];
+  return a[0];
+}
+
+inline float tile_lanes_sum(const Vec& v) {
+  alignas(64) float a[Vec::size()];
+  v.store(a);
+  return lane_tree_sum(a);
+}
+
 // max over a row (NaN propagates) and the first index holding it.
 template <typename T>
 inline void row_max(const T* row, int64_t V, bool want_argmax, float& max_out, int64_t& argmax_out) {
@@ -148,14 +163,14 @@ inline bool any_at_least(const float* x, int64_t n, float cut) {
 }
 
 // sum_k exp((x_k - m) * inv_t) over the n <= kRaceTile floats of one race tile, in a fixed
-// order (one vector accumulator, its horizontal sum, then the scalar tail): a tile value of
-// core/tile_sum.h's canonical tree.
+// order (one vector accumulator, its lanes in lane_tree_sum's tree, then the scalar tail): a
+// tile value of core/tile_sum.h's canonical tree.
 template <bool kUnitT>
 inline float tile_sum_exp(const float* x, int64_t n, float m, float inv_t, const Vec& vm, const Vec& va) {
   Vec acc(0.0f);
   int64_t k = 0;
   for (; k + Vec::size() <= n; k += Vec::size()) acc = acc + shifted_exp_vec<kUnitT>(Vec::loadu(x + k), vm, va);
-  float s = hsum(acc);
+  float s = tile_lanes_sum(acc);
   for (; k < n; ++k) s += shifted_exp(x[k], m, inv_t);
   return s;
 }
@@ -213,7 +228,7 @@ inline float row_sum_exp_and_raw(const T* row, int64_t V, float inv_t, float m, 
         acc1 = acc1 + shifted_exp_vec<true>(xv, vm, va);
         acc = acc + shifted_exp_vec<false>(Vec::blendv(ninf, xv, xv >= vc), vm, va);
       }
-      float s = hsum(acc), s1 = hsum(acc1);
+      float s = tile_lanes_sum(acc), s1 = tile_lanes_sum(acc1);
       for (; k < nt; ++k) {
         s1 += shifted_exp(xt[k], m, 1.0f);
         s += shifted_exp(filtered_logit(xt[k], cut), m, inv_t);
@@ -337,10 +352,16 @@ inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, floa
 // fixed-point sums, so the cutoff equals the reference's whenever the per-token e
 // values do (the kernel's vectorised exp may differ from std::exp in the last bit).
 
+// A token of kth_largest's candidate buffer: its logit and id (V < 2^23: int32).
+struct Candidate {
+  float x;
+  int32_t v;
+};
+
 // The candidate buffer of this thread's last kth_largest: every token >= its result
 // (so every survivor of a cutoff at or above it).
-inline std::vector<float>& topk_candidates() {
-  thread_local std::vector<float> cand;
+inline std::vector<Candidate>& topk_candidates() {
+  thread_local std::vector<Candidate> cand;
   return cand;
 }
 
@@ -353,7 +374,7 @@ inline std::vector<float>& topk_candidates() {
 // gets the row max of the same pass (NaN if the row holds one), as row_max would.
 template <typename T>
 inline float kth_largest(const T* row, int64_t V, int64_t k, float* max_out = nullptr) {
-  std::vector<float>& cand = topk_candidates();
+  std::vector<Candidate>& cand = topk_candidates();
   Vec vmax(-std::numeric_limits<float>::infinity());  // max_out: the row max in the same pass (NaN propagates)
   float tail_max = -std::numeric_limits<float>::infinity();
   const size_t cap = static_cast<size_t>(std::max<int64_t>(4 * k, 2048));
@@ -361,9 +382,10 @@ inline float kth_largest(const T* row, int64_t V, int64_t k, float* max_out = nu
   alignas(64) float buf[kTile];
   float tau = -std::numeric_limits<float>::infinity();
   auto shrink = [&] {
-    std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end(), std::greater<float>());
-    tau = cand[k - 1];
-    cand.erase(std::remove_if(cand.begin(), cand.end(), [&](float x) { return x < tau; }), cand.end());
+    std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end(),
+                     [](const Candidate& a, const Candidate& b) { return a.x > b.x; });
+    tau = cand[k - 1].x;
+    cand.erase(std::remove_if(cand.begin(), cand.end(), [&](const Candidate& c) { return c.x < tau; }), cand.end());
   };
   for (int64_t v0 = 0; v0 < V; v0 += kTile) {
     const int64_t n = std::min(kTile, V - v0);
@@ -373,11 +395,14 @@ inline float kth_largest(const T* row, int64_t V, int64_t k, float* max_out = nu
     for (; j + Vec::size() <= n; j += Vec::size()) {
       const Vec xv = Vec::loadu(x + j);
       vmax = at::vec::maximum(vmax, xv);
-      for (int bits = lanes_at_least(xv, vt); bits; bits &= bits - 1) cand.push_back(x[j + __builtin_ctz(bits)]);
+      for (int bits = lanes_at_least(xv, vt); bits; bits &= bits - 1) {
+        const int64_t l = j + __builtin_ctz(bits);
+        cand.push_back(Candidate{x[l], static_cast<int32_t>(v0 + l)});
+      }
     }
     for (; j < n; ++j) {
       tail_max = (x[j] != x[j] || x[j] > tail_max) ? x[j] : tail_max;
-      if (x[j] >= tau) cand.push_back(x[j]);
+      if (x[j] >= tau) cand.push_back(Candidate{x[j], static_cast<int32_t>(v0 + j)});
     }
     if (cand.size() >= cap) shrink();
   }
@@ -420,6 +445,32 @@ inline uint32_t radix_topp(uint32_t* keys, uint64_t* mass, int64_t n, double lim
   return s.prefix;
 }
 
+// The min-p bound of a row (or of a shard of one, with the whole row's max m): the smallest
+// logit x with shifted_exp(x, m, inv_t) >= min_p, m if there is none below it.
+template <typename T>
+inline float minp_bound(const T* row, int64_t V, float m, float inv_t, float min_p) {
+  alignas(64) float buf[kTile];
+  // e >= min_p needs (x - m) * inv_t >= log(min_p): only tokens near that bound
+  // (a vectorised test with slack) get the exact scalar exp test
+  const float bound = (std::log(min_p) - 1e-3f) * (1.0f + 1e-3f);
+  const Vec vb(bound), vm(m), va(inv_t);
+  float lo = m;
+  auto consider = [&](float x) {
+    if (x < lo && shifted_exp(x, m, inv_t) >= min_p) lo = x;
+  };
+  for (int64_t v0 = 0; v0 < V; v0 += kTile) {
+    const int64_t n = std::min(kTile, V - v0);
+    const float* x = tile_as_float(row, v0, n, buf);
+    int64_t j = 0;
+    for (; j + Vec::size() <= n; j += Vec::size())
+      for (int bits = lanes_at_least((Vec::loadu(x + j) - vm) * va, vb); bits; bits &= bits - 1)
+        consider(x[j + __builtin_ctz(bits)]);
+    for (; j < n; ++j)
+      if ((x[j] - m) * inv_t >= bound) consider(x[j]);
+  }
+  return lo;
+}
+
 // The cutoff of one row position (finite max m, usable inv_t): every logit below
 // it is filtered out; kNoCut when nothing is.
 template <typename T>
@@ -433,12 +484,13 @@ inline float filter_cutoff(const T* row, int64_t V, float m, float inv_t, const 
   if (topk_cuts(f, V)) cut = topk_cut ? *topk_cut : kth_largest(row, V, f.top_k);
   if (f.top_p < 1.0f && topk_cuts(f, V)) {
     // top-p on the top-k survivors: they are all in the candidate buffer (k-ish tokens)
-    const std::vector<float>& cand = topk_candidates();
+    const std::vector<Candidate>& cand = topk_candidates();
     keys.resize(cand.size());
     mass.resize(cand.size());
     int64_t n = 0;
     uint64_t total = 0;
-    for (float x : cand) {
+    for (const Candidate& c : cand) {
+      const float x = c.x;
       if (x < cut) continue;
       keys[n] = order_key(x);
       mass[n] = fixed_mass(shifted_exp(x, m, inv_t));
@@ -529,27 +581,7 @@ inline float filter_cutoff(const T* row, int64_t V, float m, float inv_t, const 
     }
     cut = max_cutoff(cut, key_to_float(radix_topp(keys.data(), mass.data(), n, limit, above)));
   }
-  if (f.min_p > 0.0f) {
-    // e >= min_p needs (x - m) * inv_t >= log(min_p): only tokens near that bound
-    // (a vectorised test with slack) get the exact scalar exp test
-    const float bound = (std::log(f.min_p) - 1e-3f) * (1.0f + 1e-3f);
-    const Vec vb(bound), vm(m), va(inv_t);
-    float lo = m;
-    auto consider = [&](float x) {
-      if (x < lo && shifted_exp(x, m, inv_t) >= f.min_p) lo = x;
-    };
-    for (int64_t v0 = 0; v0 < V; v0 += kTile) {
-      const int64_t n = std::min(kTile, V - v0);
-      const float* x = tile_as_float(row, v0, n, buf);
-      int64_t j = 0;
-      for (; j + Vec::size() <= n; j += Vec::size())
-        for (int bits = lanes_at_least((Vec::loadu(x + j) - vm) * va, vb); bits; bits &= bits - 1)
-          consider(x[j + __builtin_ctz(bits)]);
-      for (; j < n; ++j)
-        if ((x[j] - m) * inv_t >= bound) consider(x[j]);
-    }
-    cut = max_cutoff(cut, lo);
-  }
+  if (f.min_p > 0.0f) cut = max_cutoff(cut, minp_bound(row, V, m, inv_t, f.min_p));
   return cut;
 }
 
@@ -584,11 +616,49 @@ inline void position_max(const T* row, int64_t V, bool want_argmax, bool fuse, c
   else row_max(row, V, want_argmax, m, arg);
 }
 
+// row_sum_exp(row, V, inv_t, m, cut) (the same bits) for a cutoff at or above the last
+// kth_largest's result, from the survivors alone (they are all in the candidate buffer, with
+// their ids): a tile value is tile_sum_exp's, whose every other token adds an exact 0, so each
+// survivor's e goes to its lane's accumulator in id order (e from shifted_exp_vec: the same
+// elementwise function), the lanes add up in lane_tree_sum's tree and the tail tokens in
+// order; every tile without a survivor adds 0 to core/tile_sum.h's tree. O(k), no read of the row.
+inline float topk_sum_exp(int64_t V, float inv_t, float m, float cut) {
+  thread_local std::vector<Candidate> kept;
+  kept.clear();
+  for (const Candidate& c : topk_candidates())
+    if (c.x >= cut) kept.push_back(c);
+  std::sort(kept.begin(), kept.end(), [](const Candidate& a, const Candidate& b) { return a.v < b.v; });
+  return with_unit_t(inv_t, [&](auto unit_t) {
+    const Vec va(inv_t), vm(m);
+    TileSumStack sum;
+    int64_t next = 0;  // the next tile of the row to add
+    for (size_t i = 0; i < kept.size();) {
+      const int64_t t = kept[i].v / kRaceTile, v0 = t * kRaceTile;
+      const int64_t n = std::min(kRaceTile, V - v0), n_vec = n - n % Vec::size();
+      for (; next < t; ++next) sum.add(0.0f);
+      alignas(64) float lanes[Vec::size()] = {};
+      size_t j = i;
+      for (; j < kept.size() && kept[j].v < v0 + n_vec; ++j) {
+        alignas(64) float e[Vec::size()];
+        shifted_exp_vec<decltype(unit_t)::value>(Vec(kept[j].x), vm, va).store(e);
+        lanes[(kept[j].v - v0) % Vec::size()] += e[0];
+      }
+      float s = lane_tree_sum(lanes);
+      for (; j < kept.size() && kept[j].v < v0 + n; ++j) s += shifted_exp(kept[j].x, m, inv_t);
+      sum.add(s);
+      next = t + 1;
+      i = j;
+    }
+    for (const int64_t tiles = (V + kRaceTile - 1) / kRaceTile; next < tiles; ++next) sum.add(0.0f);
+    return sum.total();
+  });
+}
+
 // The filtered softmax stats of one visited, non-greedy position with raw max m:
 // the filter cutoff (kNoCut when no filter is on) and the sum over the survivors.
 // topk_cut: the top-k cutoff when position_max found it, else nullptr. With top-k
-// every survivor is in the candidate buffer, so the sum is taken there (k-ish
-// tokens) instead of in another pass over the row.
+// every survivor is in the candidate buffer, so the sum reads only the race tiles that
+// hold one (topk_sum_exp: row_sum_exp's bits) instead of another pass over the row.
 // raw_sum (raw token_logprobs asked, else nullptr): also the raw law's sum over every
 // logit at T = 1: the stats sum itself when nothing differs, else taken in the sum pass
 // (row_sum_exp_and_raw); a top-k row, whose sum comes from the candidates, takes it in the
@@ -604,11 +674,9 @@ inline SoftmaxStats filtered_stats(const T* row, int64_t V, float m, float inv_t
     if (raw_sum && own_is_raw) *raw_sum = s;
     return SoftmaxStats{m, s};
   }
-  double sum = 0.0;  // a scalar sum over the survivors: double keeps it as exact as the vector sums
-  for (float x : topk_candidates())
-    if (x >= cut) sum += shifted_exp(x, m, inv_t);
+  const float s = topk_sum_exp(V, inv_t, m, cut);
   if (raw_sum) *raw_sum = row_sum_exp(row, V, 1.0f, m, kNoCut);
-  return SoftmaxStats{m, static_cast<float>(sum)};
+  return SoftmaxStats{m, s};
 }
 
 // The token_logprobs entry of a visited position that emits `token` (core/logprob_math.h
