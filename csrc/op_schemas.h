@@ -134,34 +134,36 @@ inline constexpr const char* kVerifyTreeSchema =
     "Tensor temperature, Tensor seed, Tensor offset, int depth, Tensor? top_k=None, Tensor? top_p=None, "
     "Tensor? min_p=None) -> (Tensor, Tensor, Tensor, Tensor)";
 
-// Vocabulary-parallel verify (core/shard_math.h): one stage on one rank of a vocabulary split
-// into contiguous shards. specdec_ext.distributed runs the stages and all-gathers each stage's
+// Vocabulary-parallel verify (core/shard_math.h): one step on one rank of a vocabulary split
+// into contiguous shards. specdec_ext.distributed runs the steps and all-gathers each step's
 // output between them (O(B * (K+1)) values per rank, never O(V)); on shards whose bounds are
 // multiples of 128 the tokens are verify's on the gathered logits, bit for bit.
 //   target_logits   [B, K+1, V_r] float32|float16|bfloat16: this rank's logits, tokens
 //                   [shard_bounds[rank], shard_bounds[rank+1])
 //   draft_token_ids [B, K] int64|int32: GLOBAL ids (a tested id outside [0, V): invalid row)
 //   draft_probs     [B, K, V_r] float32|float16|bfloat16 (this rank's shard), or None
-//   temperature, seed, offset, num_drafts, coupled: as in verify (every rank passes the same)
-//   shard_bounds    int[P+1]: 0 = b_0 < b_1 < ... < b_P = V; rank r holds [b_r, b_{r+1})
+//   temperature, seed, offset, top_k, top_p, min_p, num_drafts, coupled: as in verify (every
+//                   rank passes the same; top_k, top_p, min_p count for the WHOLE vocabulary,
+//                   each given one adds its radix passes as steps)
+//   shard_bounds    int[P+1]: 0 = b_0 < b_1 < ... < b_P = V < 2^23; rank r holds [b_r, b_{r+1})
 //   rank            this rank, in [0, P)
-//   stage           0: check the arguments only (returns float64 [0]); 1: local max / argmax;
-//                   2: tile-sum covers and the owned draft's e, q; 3: the races
-//   gathered        the outputs of stages 1 .. stage-1 of every rank, stage-major, in rank
-//                   order: (stage - 1) * P float64 tensors [B, K+1, width], the op's device
-// returns float64 [B, K+1, width]: width 2 (stage 1), max cover size + 2 (stage 2), 7 (stage 3)
+//   stage           0: check the arguments and return int64 [1] = S, the number of steps (3 +
+//                   4 with top_k + 4 with top_p + 1 with min_p); s in [1, S]: run step s
+//   gathered        the outputs of steps 1 .. stage-1 of every rank, step-major, in rank order
+// returns step s's output [B, K+1, width]: float64 (max / argmax: 2; tile-sum cover + e_x, q_x;
+// races: 7) or int64 (filter passes: 256 counts, 256 counts + 256 masses, 1 min-p key)
 inline constexpr const char* kVerifyShardSchema =
     "verify_shard(Tensor target_logits, Tensor draft_token_ids, Tensor? draft_probs, Tensor temperature, "
-    "Tensor seed, Tensor offset, Tensor? num_drafts, bool coupled, int[] shard_bounds, int rank, int stage, "
-    "Tensor[] gathered) -> Tensor";
+    "Tensor seed, Tensor offset, Tensor? top_k, Tensor? top_p, Tensor? min_p, Tensor? num_drafts, bool coupled, "
+    "int[] shard_bounds, int rank, int stage, Tensor[] gathered) -> Tensor";
 
-// The last step of vocabulary-parallel verify: the tokens, from the 3 * P gathered stage outputs
+// The last step of vocabulary-parallel verify: the tokens, from the S * P gathered step outputs
 // (arguments as verify_shard; every rank gets the same result). Returns verify's (tokens
 // [B, K+1] int64, num_accepted [B] int64, valid [B] bool).
 inline constexpr const char* kVerifyShardFinishSchema =
     "verify_shard_finish(Tensor target_logits, Tensor draft_token_ids, Tensor? draft_probs, Tensor temperature, "
-    "Tensor seed, Tensor offset, Tensor? num_drafts, bool coupled, int[] shard_bounds, int rank, "
-    "Tensor[] gathered) -> (Tensor, Tensor, Tensor)";
+    "Tensor seed, Tensor offset, Tensor? top_k, Tensor? top_p, Tensor? min_p, Tensor? num_drafts, bool coupled, "
+    "int[] shard_bounds, int rank, Tensor[] gathered) -> (Tensor, Tensor, Tensor)";
 
 // ---- DEBUG / TEST ONLY: slow scalar references (csrc/cpu/sampling_cpu.cpp, CPU kernels only) ----
 // The readable statement of the algorithm (core/verify_math.h: verify_row_reference,

@@ -434,10 +434,10 @@ LogprobLaunch prepare_logprobs(const at::Tensor& logits, const at::Tensor& token
 
 void prepare_verify_shard(ShardLaunch& L, const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
                           const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
-                          const at::Tensor& seed, const at::Tensor& offset,
+                          const at::Tensor& seed, const at::Tensor& offset, const SamplingFilters& filters,
                           const std::optional<at::Tensor>& num_drafts, bool coupled, at::IntArrayRef shard_bounds,
                           int64_t rank, int64_t stage, at::TensorList gathered) {
-  L.verify = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, SamplingFilters{},
+  L.verify = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, filters,
                             num_drafts, coupled, /*probs_input=*/false);
   const VerifyParams& P = L.verify.params;
   const int64_t n_bounds = static_cast<int64_t>(shard_bounds.size());
@@ -446,40 +446,53 @@ void prepare_verify_shard(ShardLaunch& L, const at::Tensor& target_logits, const
   for (int64_t r = 0; r + 1 < n_bounds; ++r)
     TORCH_CHECK_VALUE(shard_bounds[r] < shard_bounds[r + 1], "shard_bounds must be strictly increasing, got ",
                       shard_bounds);
+  TORCH_CHECK_VALUE(shard_bounds[n_bounds - 1] < kMaxFilterVocab, "the vocabulary must hold fewer than 2^23 tokens, got ",
+                    shard_bounds[n_bounds - 1]);
   const int64_t world = n_bounds - 1;
   TORCH_CHECK_VALUE(rank >= 0 && rank < world, "rank must be in [0, P = ", world, "), got ", rank);
   TORCH_CHECK_VALUE(shard_bounds[rank + 1] - shard_bounds[rank] == P.V, "target_logits holds V = ", P.V,
                     " tokens but shard_bounds give rank ", rank, " the tokens [", shard_bounds[rank], ", ",
                     shard_bounds[rank + 1], ")");
-  TORCH_CHECK_VALUE(stage >= 0 && stage <= 4, "stage must be in [0, 4], got ", stage);
   L.bounds.assign(shard_bounds.begin(), shard_bounds.end());
   ShardParams& S = L.params;
   S.v = P;
   S.layout = ShardLayout{L.bounds.data(), world};
   S.rank = rank;
-  S.stage = static_cast<int>(stage);
-  S.g.K = P.K;
-  S.g.width[1] = shard_sum_width(S.layout);
+  ShardGathered& g = S.g;
+  g.plan = ShardPlan::of(filters.top_k.has_value(), filters.top_p.has_value(), filters.min_p.has_value());
+  g.K = P.K;
+  const int steps = g.plan.n;
+  TORCH_CHECK_VALUE(stage >= 0 && stage <= steps + 1, "stage must be in [0, ", steps + 1, "] (", steps,
+                    " steps with these filters; ", steps + 1, " = finish), got ", stage);
+  S.step = stage == 0 ? 0 : static_cast<int>(stage - 1);
   const int64_t need = stage == 0 ? 0 : (stage - 1) * world;
-  TORCH_CHECK_VALUE(static_cast<int64_t>(gathered.size()) == need, "gathered must hold the outputs of stages 1..",
+  TORCH_CHECK_VALUE(static_cast<int64_t>(gathered.size()) == need, "gathered must hold the outputs of steps 1..",
                     stage - 1, " of all P = ", world, " ranks (", need, " tensors) at stage ", stage, ", got ",
                     gathered.size());
+  for (int s = 0; s < steps; ++s) g.width[s] = shard_step_width(g.plan.kind[s], S.layout);
   for (int64_t k = 0; k < need; ++k) {
     const at::Tensor& t = gathered[k];
-    const int64_t s = k / world;
-    TORCH_CHECK_TYPE(t.scalar_type() == at::kDouble, "gathered[", k, "] must be float64, got ", t.scalar_type());
-    TORCH_CHECK_VALUE(t.dim() == 3 && t.size(0) == P.B && t.size(1) == P.K + 1 && t.size(2) == S.g.width[s],
-                      "gathered[", k, "] (stage ", s + 1, ", rank ", k % world, ") must be [B, K+1, ", S.g.width[s],
-                      "] = [", P.B, ", ", P.K + 1, ", ", S.g.width[s], "], got shape ", t.sizes());
+    const int s = static_cast<int>(k / world);
+    const bool is_int = shard_step_is_int(g.plan.kind[s]);
+    TORCH_CHECK_TYPE(t.scalar_type() == (is_int ? at::kLong : at::kDouble), "gathered[", k, "] (step ", s + 1,
+                     ", rank ", k % world, ") must be ", is_int ? "int64" : "float64", ", got ", t.scalar_type());
+    TORCH_CHECK_VALUE(t.dim() == 3 && t.size(0) == P.B && t.size(1) == P.K + 1 && t.size(2) == g.width[s],
+                      "gathered[", k, "] (step ", s + 1, ", rank ", k % world, ") must be [B, K+1, ", g.width[s],
+                      "] = [", P.B, ", ", P.K + 1, ", ", g.width[s], "], got shape ", t.sizes());
     TORCH_CHECK_VALUE(t.is_contiguous(), "gathered[", k, "] must be contiguous");
     args::check_device(t, target_logits, "gathered", "target_logits");
-    L.gathered[s].push_back(t.const_data_ptr<double>());
+    L.gathered[s].push_back(t.const_data_ptr());
   }
-  for (int s = 0; s < 3; ++s) S.g.stage[s] = L.gathered[s].empty() ? nullptr : L.gathered[s].data();
-  const int64_t width = stage >= 1 && stage <= 3 ? S.g.width[stage - 1] : 0;
-  L.out = stage >= 1 && stage <= 3 ? at::empty({P.B, P.K + 1, width}, target_logits.options().dtype(at::kDouble))
-                                   : at::empty({0}, target_logits.options().dtype(at::kDouble));
-  S.out = L.out.mutable_data_ptr<double>();
+  for (int s = 0; s < steps; ++s) g.step[s] = L.gathered[s].empty() ? nullptr : L.gathered[s].data();
+  const auto opts = target_logits.options();
+  if (stage == 0) {  // the number of steps
+    L.out = at::empty({1}, opts.dtype(at::kLong).device(at::kCPU));
+    L.out.mutable_data_ptr<int64_t>()[0] = steps;
+  } else if (S.step < steps) {
+    const ShardStep kind = g.plan.kind[S.step];
+    L.out = at::empty({P.B, P.K + 1, g.width[S.step]}, opts.dtype(shard_step_is_int(kind) ? at::kLong : at::kDouble));
+    S.out = L.out.mutable_data_ptr();
+  }
 }
 
 }  // namespace specdec

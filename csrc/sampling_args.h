@@ -102,18 +102,18 @@ LogprobLaunch prepare_logprobs(const at::Tensor& logits, const at::Tensor& token
                                HostChecks checks = HostChecks::kCpuTensors);
 
 struct ShardLaunch {
-  VerifyLaunch verify;          // this rank's verify arguments (tokens etc.: stage 4's outputs)
+  VerifyLaunch verify;          // this rank's verify arguments (tokens etc.: finish's outputs)
   ShardParams params;           // params.v: verify.params
-  at::Tensor out;               // stages 1..3: float64 [B, K+1, width]
+  at::Tensor out;               // stage 0: int64 [1] (the number of steps); a step: its output
   std::vector<int64_t> bounds;  // params.layout points here
-  std::vector<const double*> gathered[3];
+  std::vector<const void*> gathered[ShardPlan::kMaxSteps];
 };
 
-// verify_shard / verify_shard_finish's arguments (op_schemas.h); stage 4 = finish. The
-// returned launch must not be copied (params point into its vectors).
+// verify_shard / verify_shard_finish's arguments (op_schemas.h); stage = the number of steps + 1
+// is finish. The launch must not be copied or moved afterwards (params point into its vectors).
 void prepare_verify_shard(ShardLaunch& L, const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
                           const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
-                          const at::Tensor& seed, const at::Tensor& offset,
+                          const at::Tensor& seed, const at::Tensor& offset, const SamplingFilters& filters,
                           const std::optional<at::Tensor>& num_drafts, bool coupled, at::IntArrayRef shard_bounds,
                           int64_t rank, int64_t stage, at::TensorList gathered);
 

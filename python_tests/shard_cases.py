@@ -8,25 +8,29 @@ import torch
 
 import specdec_ext
 from specdec_ext import distributed as sd
+from specdec_ext.ops._args import filter_args
 
 OPS = torch.ops.specdec
 
 
-def simulate(logits, ids, probs, temperature, seed, offset, bounds, num_drafts=None, coupled=False):
-    """verify_shard's four stages for every shard of ``bounds`` in one process (what
+def simulate(logits, ids, probs, temperature, seed, offset, bounds, num_drafts=None, coupled=False, top_k=None,
+             top_p=None, min_p=None):
+    """verify_shard's steps for every shard of ``bounds`` in one process (what
     specdec_ext.distributed does over P processes). Returns one VerifyResult per rank."""
     P = len(bounds) - 1
     t = temperature if isinstance(temperature, torch.Tensor) else torch.tensor(float(temperature))
     seed = seed if isinstance(seed, torch.Tensor) else torch.tensor(seed)
     offset = offset if isinstance(offset, torch.Tensor) else torch.tensor(offset)
+    filters = filter_args(top_k, top_p, min_p)
 
     def args(r):
         s, e = bounds[r], bounds[r + 1]
-        return (logits[..., s:e], ids, None if probs is None else probs[..., s:e], t, seed, offset, num_drafts,
-                coupled, bounds, r)
+        return (logits[..., s:e], ids, None if probs is None else probs[..., s:e], t, seed, offset, *filters,
+                num_drafts, coupled, bounds, r)
 
+    steps = int(OPS.verify_shard(*args(0), 0, [])[0])
     gathered = []
-    for stage in (1, 2, 3):
+    for stage in range(1, steps + 1):
         gathered = gathered + [OPS.verify_shard(*args(r), stage, gathered) for r in range(P)]
     return [specdec_ext.VerifyResult(*OPS.verify_shard_finish(*args(r), gathered)) for r in range(P)]
 
@@ -67,6 +71,8 @@ def rank_identity(rank, world, bounds, cases, seed):
         dense = c % 2 == 0 and mode == "exact"
         q = x["q"] if dense else None
         kw = dict(seed=x["seed"], offset=x["offset"], mode=mode, num_drafts=x["num_drafts"])
+        if c % 5 == 4:  # filters over the whole vocabulary
+            kw.update(top_k=30, top_p=0.9) if c % 2 else kw.update(min_p=0.05, top_p=0.8)
         ref = specdec_ext.verify(x["logits"], x["ids"], q, x["T"], **kw)
         with sd.count_bytes() as counter:
             got = sd.verify(x["logits"][..., s:e], x["ids"], None if q is None else q[..., s:e], x["T"],
@@ -78,8 +84,9 @@ def rank_identity(rank, world, bounds, cases, seed):
                            f"{getattr(ref, name).tolist()}")
         tokens.append(got.tokens)
         T = float(x["T"][0])
-        ref_s = specdec_ext.sample(x["logits"][:, 0], T, seed=7 + c, offset=c)
-        got_s = sd.sample(x["logits"][:, 0, s:e], T, vocab_start=s, vocab_size=V, seed=7 + c, offset=c)
+        fs = dict(top_k=20) if c % 3 == 1 else {}
+        ref_s = specdec_ext.sample(x["logits"][:, 0], T, seed=7 + c, offset=c, **fs)
+        got_s = sd.sample(x["logits"][:, 0, s:e], T, vocab_start=s, vocab_size=V, seed=7 + c, offset=c, **fs)
         if not torch.equal(ref_s, got_s):
             bad.append(f"case {c} sample ({dtype}, T={T}): {got_s.tolist()} != {ref_s.tolist()}")
         tokens.append(got_s)
@@ -106,7 +113,8 @@ def rank_refusals(rank, world):
         "negative vocab_start": lambda: sd.verify(logits[..., s:e], ids, vocab_start=-1 if rank == 1 else s,
                                                   vocab_size=V, seed=1),
         "shard past vocab_size": lambda: sd.verify(logits[..., s:e], ids, vocab_start=s, vocab_size=300, seed=1),
-        "filters": lambda: sd.verify(logits[..., s:e], ids, top_k=5, **ok),
+        "filters differ": lambda: sd.verify(logits[..., s:e], ids, top_k=5 + rank, **ok),
+        "bad top_p": lambda: sd.verify(logits[..., s:e], ids, top_p=1.5, **ok),
         "mixed ops": lambda: (sd.verify(logits[..., s:e], ids, **ok) if rank == 0
                               else sd.sample(logits[:, 0, s:e], vocab_start=s, vocab_size=V, seed=1)),
         "sample 3-d logits on rank 1": lambda: sd.sample(logits[:, 0, s:e] if rank == 0 else logits[..., s:e],

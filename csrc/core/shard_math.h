@@ -3,18 +3,21 @@
 // are the CPU kernels' own helpers (cpu/shard_kernels.h), the collectives live in Python
 // (specdec_ext/distributed).
 //
-// A call runs four stages; after each of the first three, every rank all-gathers its stage
-// output (O(B * (K+1)) values, never O(V)) and hands the P outputs to the next stage:
-//   1. local max and first argmax of every used position (positions 0..n_b);
-//   2. with the global max m_i: the shard's tile-sum COVER of sum_v exp((l_v - m_i) / T)
-//      (core/tile_sum.h: the aligned tree blocks inside the shard), and for the draft token it
-//      owns, its e = exp((l_x - m_i) / T) and q(x);
-//   3. with the global sums s_i (the covers folded in rank order: the canonical tree), every
-//      rank decides the same way which position needs a race (exact mode: the first rejection
-//      j, by the same ratio test on the same numbers; coupled mode: every used position) and
-//      runs that race on its shard: its best coarse entry (key, index) and that entry's fine
-//      winner, for the residual weights and for p (the fallback);
-//   4. the global winner: (key, index) by max with ties to the lower index, its fine winner.
+// A call runs a fixed sequence of steps (ShardPlan); after each, every rank all-gathers its
+// output (O(B * (K+1)) values, never O(V)) and hands the P outputs to the later steps:
+//   kMax:   local max and first argmax of every used position (positions 0..n_b);
+//   filter passes (only with top_k / top_p / min_p): the radix passes of core/filter_math.h's
+//          reference, each a histogram of the shard that the next step sums over the shards
+//          (integer sums: the cutoff of the whole row, whatever the split);
+//   kSums:  with the global max m_i (and cutoff): the shard's tile-sum COVER of
+//          sum_v exp((l_v - m_i) / T) (core/tile_sum.h: the aligned tree blocks inside the
+//          shard), and for the draft token it owns, its e = exp((l_x - m_i) / T) and q(x);
+//   kRaces: with the global sums s_i (the covers folded in rank order: the canonical tree),
+//          every rank decides the same way which position needs a race (exact mode: the first
+//          rejection j, by the same ratio test on the same numbers; coupled mode: every used
+//          position) and runs that race on its shard: its best coarse entry (key, index) and
+//          that entry's fine winner, for the residual weights and for p (the fallback);
+//   finish: the global winner: (key, index) by max with ties to the lower index, its fine winner.
 //
 // Parts. The coarse race runs over PARTS: a race tile (kRaceTile tokens) cut at the shard
 // bounds. When every bound is a multiple of kRaceTile, parts are tiles, each shard's values
@@ -30,6 +33,7 @@
 
 #include <limits>
 
+#include "filter_math.h"
 #include "macros.h"
 #include "rng.h"
 #include "sampling_params.h"
@@ -64,7 +68,7 @@ struct ShardLayout {
     return p;
   }
   SPECDEC_HD int64_t part_count(int64_t r) const { return shard_part_count(start(r), end(r)); }
-  // the cover size of shard r, and the most over all shards (stage 2's width)
+  // the cover size of shard r, and the most over all shards (kSums's width)
   SPECDEC_HD int64_t cover_size(int64_t r) const {
     const int64_t a = first_part(r);
     return tile_cover_size(a, a + part_count(r));
@@ -82,21 +86,67 @@ struct ShardLayout {
   }
 };
 
-// The widths of the stage outputs (per rank, per row, per position; float64 values: a float
-// or an index < 2^53).
-constexpr int64_t kShardMaxWidth = 2;   // stage 1: max, first argmax (global id)
-constexpr int64_t kShardRaceWidth = 7;  // stage 3: RaceEntry
+// The steps of one call, in order; after each, every rank all-gathers its output:
+//   kMax (1 step), then the filter passes of core/filter_math.h's reference (their histograms
+//   summed over the shards: integer sums, exact in any order): top-k (4 radix passes, when a
+//   top_k is given), top-p (4, when a top_p is given), min-p (1, when a min_p is given), then
+//   kSums and kRaces.
+enum class ShardStep : int8_t { kMax, kTopK, kTopP, kMinP, kSums, kRaces };
+
+struct ShardPlan {
+  static constexpr int kMaxSteps = 1 + 4 + 4 + 1 + 2;
+  int n = 0;
+  ShardStep kind[kMaxSteps] = {};
+  int8_t pass[kMaxSteps] = {};  // the radix pass (0..3) of a top-k / top-p step
+
+  SPECDEC_HD static ShardPlan of(bool top_k, bool top_p, bool min_p) {
+    ShardPlan p;
+    p.push(ShardStep::kMax, 0);
+    for (int8_t r = 0; top_k && r < kRadixPasses; ++r) p.push(ShardStep::kTopK, r);
+    for (int8_t r = 0; top_p && r < kRadixPasses; ++r) p.push(ShardStep::kTopP, r);
+    if (min_p) p.push(ShardStep::kMinP, 0);
+    p.push(ShardStep::kSums, 0);
+    p.push(ShardStep::kRaces, 0);
+    return p;
+  }
+  SPECDEC_HD void push(ShardStep k, int8_t r) {
+    kind[n] = k;
+    pass[n++] = r;
+  }
+  SPECDEC_HD int sums() const { return n - 2; }
+  SPECDEC_HD int races() const { return n - 1; }
+};
+
+// Float64 outputs (a float or an index < 2^53): kMax, kSums, kRaces; int64 ones: the filter
+// passes (counts; masses as uint64 bits; min-p: the order_key of the shard's bound).
+SPECDEC_HD bool shard_step_is_int(ShardStep k) {
+  return k == ShardStep::kTopK || k == ShardStep::kTopP || k == ShardStep::kMinP;
+}
+
+// A step's output width per (row, position):
+//   kMax   2: max, first argmax (global id)
+//   kTopK  256 counts of the pass's digit;  kTopP 256 counts, then 256 fixed-point masses
+//   kMinP  1: order_key of the smallest logit with e >= min_p (start: the max)
+//   kSums  the shard's cover values (padded to the largest cover), then e_x, q_x of the draft
+//          the shard owns (0 elsewhere)
+//   kRaces 7: ShardRace
+SPECDEC_HD int64_t shard_step_width(ShardStep k, const ShardLayout& L) {
+  switch (k) {
+    case ShardStep::kMax: return 2;
+    case ShardStep::kTopK: return kRadixBins;
+    case ShardStep::kTopP: return 2 * kRadixBins;
+    case ShardStep::kMinP: return 1;
+    case ShardStep::kSums: return L.max_cover_size() + 2;
+    default: return 7;
+  }
+}
 
 SPECDEC_HD void store_max(double* out, float m, int64_t arg) {
   out[0] = m;
   out[1] = static_cast<double>(arg);
 }
 
-// Stage 2: cover values (cover_size of the rank, padded to max_cover_size), then e_x, q_x of
-// the draft this rank owns (0 elsewhere).
-SPECDEC_HD int64_t shard_sum_width(const ShardLayout& L) { return L.max_cover_size() + 2; }
-
-// Stage 3 of one (row, position): a shard's best coarse entries and their fine winners.
+// kRaces of one (row, position): a shard's best coarse entries and their fine winners.
 struct ShardRace {
   float key_w;     // best coarse key of the residual weights (-1: no race here)
   int64_t part_w;  // its part (the part's first token: ties go to the lower one)
@@ -122,16 +172,79 @@ SPECDEC_HD ShardRace load_race(const double* in) {
 // No race at this (row, position) on this shard: a key every real entry beats (keys are >= 0).
 SPECDEC_HD ShardRace shard_race_empty() { return ShardRace{-1.0f, -1, -1, -1.0f, -1, -1, false}; }
 
-// The P stage outputs of one call, each [B, K+1, width] contiguous float64.
+// The P outputs of every step done so far, each [B, K+1, width] contiguous.
 struct ShardGathered {
-  const double* const* stage[3] = {nullptr, nullptr, nullptr};  // [P] pointers per stage (nullptr: not yet)
-  int64_t width[3] = {kShardMaxWidth, 0, kShardRaceWidth};
+  ShardPlan plan;
+  const void* const* step[ShardPlan::kMaxSteps] = {};  // [P] pointers per step done
+  int64_t width[ShardPlan::kMaxSteps] = {};
   int64_t K = 0;
 
   SPECDEC_HD const double* at(int s, int64_t r, int64_t b, int64_t i) const {
-    return stage[s][r] + (b * (K + 1) + i) * width[s];
+    return static_cast<const double*>(step[s][r]) + (b * (K + 1) + i) * width[s];
+  }
+  SPECDEC_HD const int64_t* at_int(int s, int64_t r, int64_t b, int64_t i) const {
+    return static_cast<const int64_t*>(step[s][r]) + (b * (K + 1) + i) * width[s];
   }
 };
+
+// The cutoff search of one (row, position) after some filter steps: core/filter_math.h's
+// reference passes, each on the histogram summed over the shards.
+struct ShardCutSearch {
+  RadixState topk;
+  int64_t k_left = 0;
+  float topk_cut = -std::numeric_limits<float>::infinity();  // once the 4 top-k passes are done
+  RadixState topp;
+  uint64_t above = 0;
+  double limit = 0.0;
+  float cut = -std::numeric_limits<float>::infinity();  // the cutoff of the passes done
+};
+
+// Replays the filter steps before step `upto` for (row b, position i) with filters f over a
+// V-token vocabulary (steps of a filter the row does not use are skipped). At upto = the
+// kSums step: the position's cutoff, the one filter_cutoff_reference finds on the whole row.
+SPECDEC_HD ShardCutSearch replay_cut(const ShardGathered& g, const ShardLayout& L, int64_t b, int64_t i,
+                                     const FilterSpec& f, int upto) {
+  ShardCutSearch c;
+  c.k_left = f.top_k;
+  const int64_t V = L.vocab();
+  for (int s = 1; s < upto; ++s) {
+    const ShardStep kind = g.plan.kind[s];
+    if (kind == ShardStep::kTopK && f.top_k > 0 && f.top_k < V) {
+      uint32_t count[kRadixBins] = {};
+      for (int64_t r = 0; r < L.P; ++r) {
+        const int64_t* h = g.at_int(s, r, b, i);
+        for (int d = 0; d < kRadixBins; ++d) count[d] += static_cast<uint32_t>(h[d]);
+      }
+      c.topk.descend(topk_digit(count, c.k_left));
+      if (c.topk.done()) c.cut = c.topk_cut = key_to_float(c.topk.prefix);
+    } else if (kind == ShardStep::kTopP && f.top_p < 1.0f) {
+      uint32_t count[kRadixBins] = {};
+      uint64_t mass[kRadixBins] = {};
+      for (int64_t r = 0; r < L.P; ++r) {
+        const int64_t* h = g.at_int(s, r, b, i);
+        for (int d = 0; d < kRadixBins; ++d) {
+          count[d] += static_cast<uint32_t>(h[d]);
+          mass[d] += static_cast<uint64_t>(h[kRadixBins + d]);
+        }
+      }
+      if (g.plan.pass[s] == 0) {
+        uint64_t total = 0;
+        for (int d = 0; d < kRadixBins; ++d) total += mass[d];
+        c.limit = topp_limit(f.top_p, total);
+      }
+      c.topp.descend(topp_digit(mass, count, c.above, c.limit));
+      if (c.topp.done()) c.cut = max_cutoff(c.cut, key_to_float(c.topp.prefix));
+    } else if (kind == ShardStep::kMinP && f.min_p > 0.0f) {
+      uint32_t lo = 0xffffffffu;
+      for (int64_t r = 0; r < L.P; ++r) {
+        const uint32_t k = static_cast<uint32_t>(g.at_int(s, r, b, i)[0]);
+        lo = k < lo ? k : lo;
+      }
+      c.cut = max_cutoff(c.cut, key_to_float(lo));
+    }
+  }
+  return c;
+}
 
 // The global max (NaN if any shard saw a NaN) and first argmax of (row b, position i).
 SPECDEC_HD void combine_max(const ShardGathered& g, const ShardLayout& L, int64_t b, int64_t i, float& m,
@@ -139,7 +252,7 @@ SPECDEC_HD void combine_max(const ShardGathered& g, const ShardLayout& L, int64_
   m = -std::numeric_limits<float>::infinity();
   arg = 0;
   for (int64_t r = 0; r < L.P; ++r) {
-    const double* s = g.at(0, r, b, i);
+    const double* s = g.at(0, r, b, i);  // step 0: kMax
     const float mr = static_cast<float>(s[0]);
     if (mr != mr) {
       m = mr;
@@ -158,7 +271,7 @@ SPECDEC_HD void combine_max(const ShardGathered& g, const ShardLayout& L, int64_
 SPECDEC_HD float combine_sum(const ShardGathered& g, const ShardLayout& L, int64_t b, int64_t i) {
   TileSumStack sum;
   for (int64_t r = 0; r < L.P; ++r) {
-    const double* s = g.at(1, r, b, i);
+    const double* s = g.at(g.plan.sums(), r, b, i);
     const int64_t a = L.first_part(r), end = a + L.part_count(r);
     int64_t c = 0;
     for (int64_t p = a; p < end; ++c) {
@@ -173,8 +286,8 @@ SPECDEC_HD float combine_sum(const ShardGathered& g, const ShardLayout& L, int64
 // e_x and q(x) of the draft x at (row b, position i), from the shard that owns x.
 SPECDEC_HD void combine_draft(const ShardGathered& g, const ShardLayout& L, int64_t b, int64_t i, int64_t x,
                               float& e_x, float& q_x) {
-  const double* s = g.at(1, L.owner(x), b, i);
-  const int64_t w = g.width[1];
+  const double* s = g.at(g.plan.sums(), L.owner(x), b, i);
+  const int64_t w = g.width[g.plan.sums()];
   e_x = static_cast<float>(s[w - 2]);
   q_x = static_cast<float>(s[w - 1]);
 }
@@ -187,7 +300,7 @@ SPECDEC_HD int64_t combine_race(const ShardGathered& g, const ShardLayout& L, in
   int64_t tok_w = -1, tok_p = -1;
   bad_q = false;
   for (int64_t r = 0; r < L.P; ++r) {
-    const ShardRace s = load_race(g.at(2, r, b, i));
+    const ShardRace s = load_race(g.at(g.plan.races(), r, b, i));
     bad_q = bad_q || s.bad_q;
     if (race_better(s.key_w, s.part_w, w)) { w = RaceBest{s.key_w, s.part_w}; tok_w = s.token_w; }
     if (race_better(s.key_p, s.part_p, p)) { p = RaceBest{s.key_p, s.part_p}; tok_p = s.token_p; }
@@ -200,9 +313,9 @@ SPECDEC_HD int64_t combine_race(const ShardGathered& g, const ShardLayout& L, in
 // row invalid (before the stop or after it); a position whose logits are all -inf only
 // matters before the stop, so the walk never goes past the first one (`usable`).
 struct ShardRowPlan {
-  bool valid = false;    // false: invalid (or, from stage 3 on, not decided: see plan_shard_row)
+  bool valid = false;    // false: invalid
   bool greedy = false;
-  bool coupled = false;  // coupled (and not greedy): the stop comes from the races (stage 4)
+  bool coupled = false;  // coupled (and not greedy): the stop comes from the races (finish)
   int64_t n = 0;         // drafts tested
   float inv_t = 1.0f;
   int64_t usable = 0;    // positions 0..usable-1 have a finite max
@@ -210,14 +323,15 @@ struct ShardRowPlan {
   int64_t token = -1;    // greedy: the token at j (exact: from the race at j)
 };
 
-// have_sums: stage 2's outputs are in g, so exact mode finds its stop (the ratio tests).
-// Without them (stage 2 itself) an exact row is valid as far as stage 1 can tell.
+// have_sums: kSums's outputs are in g, so exact mode finds its stop (the ratio tests).
+// Without them an exact row is valid as far as kMax can tell.
 SPECDEC_HD ShardRowPlan plan_shard_row(const ShardGathered& g, const ShardLayout& L, const VerifyParams& P,
                                        int64_t b, bool have_sums) {
   ShardRowPlan plan;
   const float temperature = P.temperature.get(b);
   plan.n = P.drafts_of(b);
-  if (!valid_temperature(temperature) || plan.n < 0 || plan.n > P.K) return plan;
+  if (!valid_temperature(temperature) || !valid_filter(P.filters.get(b)) || plan.n < 0 || plan.n > P.K)
+    return plan;
   const int64_t* draft = P.draft_ids + b * P.K;
   for (int64_t i = 0; i < plan.n; ++i)
     if (draft[i] < 0 || draft[i] >= L.vocab()) return plan;
@@ -261,20 +375,24 @@ SPECDEC_HD ShardRowPlan plan_shard_row(const ShardGathered& g, const ShardLayout
   return plan;
 }
 
-// The parameters of one stage on one rank.
+// The parameters of one step on one rank.
 struct ShardParams {
   VerifyParams v;    // this rank's logits [B, K+1, V_r] and draft_probs [B, K, V_r]; global draft ids;
-                     // tokens / num_accepted / valid: stage 4's outputs
+                     // tokens / num_accepted / valid: finish's outputs
   ShardLayout layout;
   int64_t rank = 0;
-  int stage = 1;     // 1..3: out [B, K+1, width[stage - 1]]; 4: v.tokens, v.num_accepted, v.valid
-  ShardGathered g;   // the outputs of the stages before this one
-  double* out = nullptr;
+  int step = 0;      // the step to run (g.plan.kind[step]), or g.plan.n: finish
+  ShardGathered g;   // the outputs of the steps before this one
+  void* out = nullptr;  // [B, K+1, shard_step_width] float64 | int64 (shard_step_is_int)
   SPECDEC_HD int64_t vocab_start() const { return layout.start(rank); }
   SPECDEC_HD int64_t vocab_end() const { return layout.end(rank); }
+  // the filter cutoff of (row b, position i) once every filter step is done (kNoCut: none)
+  SPECDEC_HD float cutoff(int64_t b, int64_t i) const {
+    return replay_cut(g, layout, b, i, v.filters.get(b), g.plan.sums()).cut;
+  }
 };
 
-// Stage 4 of row b: the tokens (the single-device kernel's outputs for the same row).
+// finish of row b: the tokens (the single-device kernel's outputs for the same row).
 SPECDEC_HD void finish_shard_row(const ShardParams& S, int64_t b) {
   const VerifyParams& P = S.v;
   int64_t* tokens = P.tokens + b * (P.K + 1);

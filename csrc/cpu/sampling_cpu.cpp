@@ -107,35 +107,41 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu(
   return {L.tokens, L.path, L.num_accepted, L.valid};
 }
 
-// verify_shard (stages 0..3) and verify_shard_finish (stage 4) on the CPU.
-void run_verify_shard(ShardLaunch& L) {
-  const VerifyParams& P = L.params.v;
-  if (P.B == 0 || L.params.stage == 0) return;
+// verify_shard (stage 0: the number of steps; stage s: step s) and verify_shard_finish on the CPU.
+void run_verify_shard(ShardLaunch& L, int64_t stage) {
+  if (L.params.v.B == 0 || stage == 0) return;
   if (use_avx2()) cpu::verify_shard_avx2(L.params, L.verify.logits_dtype, L.verify.probs_dtype);
   else cpu::verify_shard_default(L.params, L.verify.logits_dtype, L.verify.probs_dtype);
 }
 
 at::Tensor verify_shard_cpu(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
                             const OptTensor& draft_probs, const at::Tensor& temperature, const at::Tensor& seed,
-                            const at::Tensor& offset, const OptTensor& num_drafts, bool coupled,
+                            const at::Tensor& offset, const OptTensor& top_k, const OptTensor& top_p,
+                            const OptTensor& min_p, const OptTensor& num_drafts, bool coupled,
                             at::IntArrayRef shard_bounds, int64_t rank, int64_t stage, at::TensorList gathered) {
-  TORCH_CHECK_VALUE(stage >= 0 && stage <= 3, "stage must be in [0, 3] (verify_shard_finish is stage 4), got ",
-                    stage);
   ShardLaunch L;
-  prepare_verify_shard(L, target_logits, draft_token_ids, draft_probs, temperature, seed, offset, num_drafts,
-                       coupled, shard_bounds, rank, stage, gathered);
-  run_verify_shard(L);
+  prepare_verify_shard(L, target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
+                       SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, shard_bounds, rank, stage, gathered);
+  TORCH_CHECK_VALUE(L.params.step < L.params.g.plan.n || stage == 0, "stage ", stage,
+                    " is verify_shard_finish's (the last step is ", L.params.g.plan.n, ")");
+  run_verify_shard(L, stage);
   return L.out;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_shard_finish_cpu(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
-    const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& num_drafts,
-    bool coupled, at::IntArrayRef shard_bounds, int64_t rank, at::TensorList gathered) {
+    const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& top_k,
+    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled,
+    at::IntArrayRef shard_bounds, int64_t rank, at::TensorList gathered) {
   ShardLaunch L;
-  prepare_verify_shard(L, target_logits, draft_token_ids, draft_probs, temperature, seed, offset, num_drafts,
-                       coupled, shard_bounds, rank, 4, gathered);
-  run_verify_shard(L);
+  const int64_t world = static_cast<int64_t>(shard_bounds.size()) - 1;
+  const int64_t stage = world > 0 ? static_cast<int64_t>(gathered.size()) / world + 1 : 1;
+  prepare_verify_shard(L, target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
+                       SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, shard_bounds, rank, stage, gathered);
+  TORCH_CHECK_VALUE(L.params.step == L.params.g.plan.n, "gathered must hold the outputs of all ",
+                    L.params.g.plan.n, " steps of all P = ", world, " ranks (", L.params.g.plan.n * world,
+                    " tensors), got ", gathered.size());
+  run_verify_shard(L, stage);
   return {L.verify.tokens, L.verify.num_accepted, L.verify.valid};
 }
 

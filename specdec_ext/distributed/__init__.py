@@ -4,8 +4,9 @@ shard, without gathering the logits.
 
 Each call runs the fused kernel's local stages on this rank's shard (``torch.ops.specdec.
 verify_shard``: local max, tile-sum covers, races; csrc/core/shard_math.h) and all-gathers
-their small outputs: four collectives of O(B * (K+1)) values per rank (a fixed-size header that
-checks the ranks agree, then one per stage), never O(V). Every rank gets the same result.
+their small outputs: collectives of O(B * (K+1)) values per rank, never O(V): a fixed-size
+header that checks the ranks agree, then one per step (3 steps; top-k, top-p and min-p add 4, 4
+and 1 radix passes whose histograms are summed over the ranks). Every rank gets the same result.
 
 - Shard bounds that are multiples of 128 (the race tile): the tokens are IDENTICAL to
   :func:`specdec_ext.verify` / :func:`specdec_ext.sample` on the gathered logits.

@@ -1,5 +1,5 @@
-"""specdec_ext.distributed.verify / sample: the stages of ``torch.ops.specdec.verify_shard``
-with an all-gather after each (csrc/core/shard_math.h says what each stage computes)."""
+"""specdec_ext.distributed.verify / sample: the steps of ``torch.ops.specdec.verify_shard``
+with an all-gather after each (csrc/core/shard_math.h says what each step computes)."""
 from __future__ import annotations
 
 import zlib
@@ -57,10 +57,7 @@ class _Call:
         header[_H_MAGIC], header[_H_KIND] = _MAGIC, _KINDS.index(kind)
         seed_given = seed is not None
         try:
-            if any(f is not None for f in filter_args(*filters)):
-                raise NotImplementedError(
-                    f"specdec_ext.distributed.{kind} does not take top_k / top_p / min_p yet: gather the logits "
-                    f"and call specdec_ext.{kind}")
+            self.filters = filter_args(*filters)
             self.coupled = coupled = mode_arg(mode)
             if kind == "sample":  # sample = the target's own draw of coupled verify with K = 0
                 if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
@@ -82,16 +79,17 @@ class _Call:
             if self.logits.device.type != "cpu":
                 raise NotImplementedError(f"specdec_ext.distributed.{kind} runs on CPU tensors (gloo) so far; "
                                           f"got {self.logits.device}")
-            # the op's own argument checks on this shard alone (stage 0: nothing computed)
+            # the op's own argument checks on this shard alone (stage 0: nothing computed), and the
+            # number of steps
             bounds = [0, v_local] if self.vocab_start == 0 else [0, self.vocab_start, self.vocab_start + v_local]
-            self._op(bounds, len(bounds) - 2, 0, [])
+            self.steps = int(self._op(bounds, len(bounds) - 2, 0, [])[0])
             header[_H_B], header[_H_K], header[_H_V_LOCAL] = B, K1 - 1, v_local
             header[_H_START], header[_H_VOCAB] = self.vocab_start, self.vocab_size
             header[_H_DTYPE], header[_H_PROBS] = _dtype_code(self.logits), _dtype_code(self.draft_probs)
             header[_H_COUPLED] = int(coupled)
             header[_H_SEED] = int(self.seed) if self.seed.dim() == 0 else 0
             header[_H_ARGS_CRC] = _crc([draft_ids, self.t, self.seed if seed_given else None, self.offset,
-                                        num_drafts])
+                                        num_drafts] + self.filters)
         except Exception as e:  # noqa: BLE001  (any refusal must reach the other ranks, or they hang)
             error = e
             header[_H_ERROR] = 1
@@ -116,8 +114,8 @@ class _Call:
             if len(set(col(c))) > 1:
                 raise ValueError(f"{name}: the ranks disagree on their {what}: {col(c)} (rank order)")
         if len(set(col(_H_ARGS_CRC))) > 1:
-            raise ValueError(f"{name}: draft_token_ids, temperature, seed, offset and num_drafts must be the same "
-                             "on every rank; they differ")
+            raise ValueError(f"{name}: draft_token_ids, temperature, seed, offset, num_drafts, top_k, top_p and "
+                             "min_p must be the same on every rank; they differ")
         starts, sizes = col(_H_START), col(_H_V_LOCAL)
         bounds = [0]
         for s, n in zip(starts, sizes):
@@ -134,17 +132,17 @@ class _Call:
             self.seed = torch.tensor(h[0][_H_SEED], dtype=torch.int64)
 
     def _op(self, bounds, rank, stage, gathered):
-        args = (self.logits, self.draft_ids, self.draft_probs, self.t, self.seed, self.offset, self.num_drafts,
-                self.coupled, bounds, rank)
-        if stage == 4:
+        args = (self.logits, self.draft_ids, self.draft_probs, self.t, self.seed, self.offset, *self.filters,
+                self.num_drafts, self.coupled, bounds, rank)
+        if stage is None:
             return _OPS.verify_shard_finish(*args, gathered)
         return _OPS.verify_shard(*args, stage, gathered)
 
     def run(self) -> VerifyResult:
         gathered: List[torch.Tensor] = []
-        for stage in (1, 2, 3):
+        for stage in range(1, self.steps + 1):
             gathered += all_gather(self._op(self.bounds, self.rank, stage, gathered), self.group)
-        return VerifyResult(*self._op(self.bounds, self.rank, 4, gathered))
+        return VerifyResult(*self._op(self.bounds, self.rank, None, gathered))
 
 
 def verify(
@@ -183,7 +181,10 @@ def verify(
     group : torch.distributed process group, optional
         The ranks that hold the shards (default: the world). gloo; CPU tensors so far.
     top_k, top_p, min_p
-        Not supported yet (NotImplementedError on every rank).
+        As in :func:`specdec_ext.verify`, over the WHOLE vocabulary: the cutoffs are found by the
+        same radix passes (csrc/core/filter_math.h), each pass's histogram gathered and summed
+        over the ranks (integer sums), so they are the single-device cutoffs; each filter given
+        adds its passes as collectives (top-k 4, top-p 4, min-p 1).
 
     Returns
     -------
