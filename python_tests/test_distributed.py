@@ -20,6 +20,7 @@ from shard_cases import OPS, random_case, rank_identity, rank_refusals, simulate
 from specdec_ext.distributed import VocabParallelModel, VocabShard, even_bounds
 from specdec_ext.distributed.launch import run_ranks
 from specdec_ext.models import SpecModel
+from specdec_ext.ops._args import filter_args
 from specdec_ext.ops.shard import shard_steps
 from stats_reference import ALPHA, chi_square_pvalue, filtered_softmax64, softmax64, verify_joint
 
@@ -122,6 +123,77 @@ def test_stages_with_filters_give_verify_tokens_on_aligned_shards(mode):
         got = simulate(x["logits"], x["ids"], q, x["T"], x["seed"], x["offset"], bounds, x["num_drafts"],
                        coupled=mode == "coupled", **filters)
         _assert_same(ref, got, f"case {c}, bounds {bounds}, filters {filters}")
+
+
+def _fold_covers(covers, bounds):
+    """The row sum from every shard's kSums cover, folded in core/tile_sum.h's tree (float32),
+    written independently here: blocks of 2^L tiles merge with their left sibling as soon as
+    both are complete, then the blocks left over add up from the right."""
+    stack, nxt = [], 0
+    for (s, e), cover in zip(zip(bounds[:-1], bounds[1:]), covers):
+        parts = 0 if e <= s else (e - 1) // 128 - s // 128 + 1
+        p, end = nxt, nxt + parts
+        for value in cover:
+            level = 0
+            while (p >> level) & 1 == 0 and p + (2 << level) <= end:
+                level += 1
+            v, p = np.float32(value), p + (1 << level)
+            while stack and stack[-1][0] == level and p % (2 << level) == 0:
+                v, level = np.float32(stack.pop()[1] + v), level + 1
+            stack.append((level, v))
+        nxt = end
+    total = stack[-1][1]
+    for _, v in reversed(stack[:-1]):
+        total = np.float32(v + total)
+    return total
+
+
+@pytest.mark.parametrize("filters", [{}, dict(top_k=40), dict(top_p=0.7)], ids=["none", "top-k", "top-p"])
+def test_shard_sums_fold_to_the_one_shard_bits(filters):
+    """kSums covers of P aligned shards, folded, give the single shard's sum bit for bit, for
+    every position (and the folding is not trivial: a plain left-to-right sum of the shards'
+    values differs for some positions)."""
+    g = torch.Generator().manual_seed(19)
+    V = 128 * 37 + 5
+    logits = torch.randn(8, 4, V, generator=g) * 4
+    ids = torch.zeros(8, 3, dtype=torch.int64)
+    t, sd_, o = torch.tensor(0.9), torch.tensor(1), torch.tensor(0)
+    f = filter_args(filters.get("top_k"), filters.get("top_p"), None)
+
+    def sums(bounds):
+        args = [(logits[..., bounds[r]:bounds[r + 1]], ids, None, t, sd_, o, *f, None, False, bounds, r)
+                for r in range(len(bounds) - 1)]
+        steps = shard_steps(bounds, *(x is not None for x in f))
+        gathered = []
+        for stage in range(1, len(steps)):  # up to kSums
+            gathered += [OPS.verify_shard(*a, stage, gathered) for a in args]
+        covers = gathered[-(len(bounds) - 1):]
+        return covers
+
+    one = sums([0, V])[0]
+    differs = 0
+    for bounds in ([0, 128 * 5, V], [0, 128, 128 * 20, 128 * 33, V], [0, 128 * 36, V]):
+        covers = sums(bounds)
+        sizes = [_cover_len(bounds, r) for r in range(len(bounds) - 1)]
+        for b in range(8):
+            for i in range(4):
+                whole = _fold_covers([one[b, i, :_cover_len([0, V], 0)].tolist()], [0, V])
+                parts = [covers[r][b, i, :sizes[r]].tolist() for r in range(len(sizes))]
+                assert _fold_covers(parts, bounds) == whole, (bounds, b, i)
+                differs += np.float32(sum(np.float32(x) for p in parts for x in p)) != whole
+    assert differs > 0
+
+
+def _cover_len(bounds, r):
+    first = sum(0 if e <= s else (e - 1) // 128 - s // 128 + 1 for s, e in zip(bounds[:r], bounds[1:r + 1]))
+    n = (bounds[r + 1] - 1) // 128 - bounds[r] // 128 + 1
+    count, p = 0, first
+    while p < first + n:
+        level = 0
+        while (p >> level) & 1 == 0 and p + (2 << level) <= first + n:
+            level += 1
+        p, count = p + (1 << level), count + 1
+    return count
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
