@@ -16,7 +16,6 @@ interconnect the byte column is what scales.
     python -m specdec_ext.bench distributed [--quick] [--world P] [--json PATH]
 """
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -29,7 +28,7 @@ import specdec_ext
 from specdec_ext import distributed as sd
 from specdec_ext.distributed.launch import run_ranks
 
-from .timing import machine_load, warn_if_busy
+from .timing import machine_load, warn_if_busy, write_rows_json
 
 FULL = dict(B=[1, 8, 32], V=[32000, 128256])
 QUICK = dict(B=[1, 8], V=[32000])
@@ -106,8 +105,7 @@ def main(argv=None) -> int:
         print(f"{r['P']:>2}{r['B']:>5}{r['V']:>8}  {r['fused_s'] * 1e3:>9.3f}  {r['gather_s'] * 1e3:>9.3f}  "
               f"{r['speedup']:>6.2f}x  {r['bytes']:>11}  {r['gather_bytes']:>12}  {r['bytes_ratio']:>7.0f}x")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(rows=rows, torch=torch.__version__, machine=machine_load()), f, indent=1)
+        write_rows_json(args.json, rows)
     return 0
 
 

@@ -46,8 +46,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
-import os
 import statistics
 import sys
 import time
@@ -59,7 +57,7 @@ import torch
 from .. import bundled
 from ..engine.adaptive_k import predicted_speedup
 from ..engine import SpeculativeEngine
-from .timing import busiest, machine_load, warn_if_busy
+from .timing import busiest, machine_load, warn_if_busy, write_rows_json
 
 PROMPTS = [
     "def fibonacci(n):",
@@ -428,9 +426,7 @@ def main(argv):
 
     def save():  # whole or not at all: a run killed while saving keeps the previous file
         if args.json:
-            with open(args.json + ".tmp", "w") as f:
-                json.dump(dict(rows=rows, torch=torch.__version__, machine=machine_load()), f, indent=1)
-            os.replace(args.json + ".tmp", args.json)
+            write_rows_json(args.json, rows)
 
     for d in devices:
         bench_device(d, args, rows, bar, save)

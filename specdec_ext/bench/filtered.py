@@ -20,7 +20,6 @@ The x columns divide the PyTorch (or sample / verify) time by ours: above 1 mean
     python -m specdec_ext.bench filtered [--quick] [--device cpu|cuda|all] [--json PATH]
 """
 import argparse
-import json
 import sys
 from typing import Dict, List, Sequence
 
@@ -28,7 +27,7 @@ import torch
 
 import specdec_ext
 
-from .timing import machine_load, time_call, warn_if_busy
+from .timing import machine_load, time_call, warn_if_busy, write_rows_json
 from .verify import torch_filter
 
 FULL = dict(B=[1, 8, 32], V=[32000, 128256])
@@ -146,8 +145,7 @@ def main(argv=None) -> int:
     print(LEGEND)
     rows = bench_rows(devices, QUICK if args.quick else FULL)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(rows=rows, torch=torch.__version__, machine=machine_load()), f, indent=1)
+        write_rows_json(args.json, rows)
     return 0
 
 

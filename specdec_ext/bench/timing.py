@@ -11,6 +11,7 @@
   recorded with every benchmark result, so a run timed on a busy machine can be told
   apart (benchmarks/check_targets.py refuses to judge one).
 """
+import json
 import os
 import statistics
 import sys
@@ -139,3 +140,11 @@ def warn_if_busy(load: dict, file=None) -> bool:
     if why:
         print(f"warning: {why}: timings are unreliable; rerun on an idle machine", file=file or sys.stderr)
     return why is not None
+
+
+def write_rows_json(path: str, rows, **extra) -> None:
+    """The benchmark file: ``{"rows": rows, "torch": version, "machine": machine_load(), **extra}``,
+    written whole or not at all (a run killed while saving keeps the previous file)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(dict(rows=rows, torch=torch.__version__, machine=machine_load(), **extra), f, indent=1)
+    os.replace(path + ".tmp", path)

@@ -28,7 +28,6 @@ the same filter in both. The unfiltered rows of the same run show the no-filter 
 """
 import argparse
 import contextlib
-import json
 import os
 import sys
 
@@ -37,7 +36,8 @@ import torch
 import specdec_ext
 
 from . import verify_tree
-from .timing import busiest, cache_flusher, copy_bandwidth, machine_load, time_call, time_graph, warn_if_busy
+from .timing import (busiest, cache_flusher, copy_bandwidth, machine_load, time_call, time_graph, warn_if_busy,
+                     write_rows_json)
 
 FULL = dict(B=[1, 8, 64], K=[1, 5, 8], V=[32000, 128256, 151936], dtype=["fp32", "bf16"])
 QUICK = dict(B=[1, 8], K=[5], V=[128256], dtype=["fp32", "bf16"])
@@ -327,9 +327,7 @@ def main(argv):
     def save():
         # rewritten after every row, so a run cut short by a time limit keeps what it measured
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(dict(rows=rows, torch=torch.__version__, machine=machine_load(),
-                               gpu=torch.cuda.get_device_name() if "cuda" in devices else None), f, indent=1)
+            write_rows_json(args.json, rows, gpu=torch.cuda.get_device_name() if "cuda" in devices else None)
 
     for d in devices:
         bench_device(d, grid, not args.no_compile, rows, on_row=save, cold=args.cold, sample_grid=sample_grid,

@@ -9,14 +9,13 @@ from typing import List, Sequence, Tuple
 import torch
 
 from ._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype
+from .sampling import _HOST_OK, _check_filters_fake, _check_row_values_fake
 
 __all__ = ["RACE_TILE", "shard_steps"]
 
 #: tokens per race tile (core/verify_math.h kRaceTile): shard bounds that are multiples of it give
 #: the single-device tokens bit for bit
 RACE_TILE = 128
-
-_HOST_OK = ("temperature", "seed", "offset", "top_k", "top_p", "min_p", "num_drafts")
 
 
 def _cover_level(p: int, end: int) -> int:
@@ -69,9 +68,7 @@ def _check_shard_fake(target_logits, draft_token_ids, draft_probs, temperature, 
                   dict(draft_token_ids=draft_token_ids, draft_probs=draft_probs, temperature=temperature, seed=seed,
                        offset=offset, top_k=top_k, top_p=top_p, min_p=min_p, num_drafts=num_drafts),
                   host_ok=_HOST_OK)
-    check_dtype(top_k, "top_k", INDEX)
-    check_dtype(top_p, "top_p", FLOATS + (torch.float64,))
-    check_dtype(min_p, "min_p", FLOATS + (torch.float64,))
+    _check_filters_fake(top_k, top_p, min_p)
     check_dim(target_logits, "target_logits", 3, "[B, K+1, V_r]")
     check_dim(draft_token_ids, "draft_token_ids", 2, "[B, K]")
     check_dim(draft_probs, "draft_probs", 3, "[B, K, V_r]")
@@ -80,9 +77,7 @@ def _check_shard_fake(target_logits, draft_token_ids, draft_probs, temperature, 
     check_dtype(draft_probs, "draft_probs", FLOATS)
     check_dtype(draft_token_ids, "draft_token_ids", INDEX)
     check_dtype(num_drafts, "num_drafts", INDEX)
-    check_dtype(temperature, "temperature", FLOATS + (torch.float64,))
-    check_dtype(seed, "seed", INDEX)
-    check_dtype(offset, "offset", INDEX)
+    _check_row_values_fake(temperature, seed, offset)
 
 
 @torch.library.register_fake("specdec::verify_shard")
