@@ -131,3 +131,25 @@ def rank_refusals(rank, world):
     res = sd.verify(logits[..., s:e], ids, **ok)
     out.append(("after", None, str(torch.equal(res.tokens, specdec_ext.verify(logits, ids, seed=1).tokens))))
     return out
+
+
+def rank_subgroup(rank, world):
+    """Ranks 1 and 2 of 3 verify in their own group (group ranks 0 and 1), rank 0 sits out;
+    returns (tokens equal to one device's, the engine-style shared seed of the group)."""
+    import torch.distributed as dist
+
+    from specdec_ext.engine.phases import shared_seed
+
+    group = dist.new_group([1, 2])
+    if rank == 0:
+        return None
+    V = 700
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(3, 4, V, generator=g) * 3
+    ids = logits[:, :3].argmax(-1)
+    bounds = [0, 256, V]
+    s, e = bounds[rank - 1], bounds[rank]
+    got = sd.verify(logits[..., s:e], ids, None, 0.7, vocab_start=s, vocab_size=V, group=group, seed=3, top_k=40)
+    ref = specdec_ext.verify(logits, ids, None, 0.7, seed=3, top_k=40)
+    torch.manual_seed(100 + rank)  # the ranks' generators differ: the shared seed must not
+    return torch.equal(got.tokens, ref.tokens), shared_seed(group)

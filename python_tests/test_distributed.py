@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import cli_runner
 import specdec_ext
 from helpers import draws
-from shard_cases import OPS, random_case, rank_identity, rank_refusals, simulate
+from shard_cases import OPS, random_case, rank_identity, rank_refusals, rank_subgroup, simulate
 from specdec_ext.distributed import VocabParallelModel, VocabShard, even_bounds
 from specdec_ext.distributed.launch import run_ranks
 from specdec_ext.models import SpecModel
@@ -250,7 +250,8 @@ def test_filtered_law_on_unaligned_shards():
 @settings(max_examples=draws(60, 15), deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_fuzz_aligned_shards_match_verify(data):
-    """Hypothesis: shard layouts (aligned, uneven, 1-4 shards), extreme logit values, strides."""
+    """Hypothesis: shard layouts (aligned, uneven, 1-4 shards), extreme logit values, strides,
+    filters (k up to past V, top-p / min-p near their ends)."""
     V = data.draw(st.integers(1, 1300), label="V")
     tiles = (V - 1) // 128
     cuts = sorted(data.draw(st.sets(st.integers(1, tiles), max_size=3), label="cuts")) if tiles else []
@@ -265,8 +266,12 @@ def test_fuzz_aligned_shards_match_verify(data):
         ids = logits[:, :K].argmax(-1)
     T = data.draw(st.sampled_from([0.0, 1e-4, 0.7, 1.0, 20.0]), label="T")
     mode = data.draw(st.sampled_from(["exact", "coupled"]), label="mode")
-    ref = specdec_ext.verify(logits, ids, None, T, seed=9, offset=2, mode=mode)
-    _assert_same(ref, simulate(logits, ids, None, T, 9, 2, bounds, coupled=mode == "coupled"), f"bounds {bounds}")
+    filters = data.draw(st.fixed_dictionaries({}, optional=dict(
+        top_k=st.integers(1, V + 2), top_p=st.sampled_from([0.05, 0.5, 0.95, 1.0]),
+        min_p=st.sampled_from([0.0, 0.01, 0.3, 0.99]))), label="filters")
+    ref = specdec_ext.verify(logits, ids, None, T, seed=9, offset=2, mode=mode, **filters)
+    _assert_same(ref, simulate(logits, ids, None, T, 9, 2, bounds, coupled=mode == "coupled", **filters),
+                 f"bounds {bounds}, filters {filters}")
 
 
 def test_unaligned_shards_follow_the_law():
@@ -405,6 +410,15 @@ def test_distributed_refusals_reach_every_rank():
     assert "temperature" in out[0][0][2] or any("temperature" in m for n, k, m in out[0] if n.startswith("bad t"))
     assert any("rank(s) [0] refused" in m for n, k, m in out[1] if n.startswith("bad t"))
     assert any("rank(s) [1] refused" in m for n, k, m in out[0] if n == "negative vocab_start")
+
+
+def test_distributed_in_a_subgroup():
+    """A process group other than the world: group ranks, not global ranks, order the shards;
+    the engine's shared seed comes from the group's first rank."""
+    out = run_ranks(rank_subgroup, 3, timeout_s=60)
+    assert out[0] is None
+    assert out[1][0] and out[2][0]
+    assert out[1][1] == out[2][1]
 
 
 # ---------------------------------------------------------------- the engine with a split LM head
