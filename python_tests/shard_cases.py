@@ -77,7 +77,8 @@ def rank_identity(rank, world, bounds, cases, seed):
         with sd.count_bytes() as counter:
             got = sd.verify(x["logits"][..., s:e], x["ids"], None if q is None else q[..., s:e], x["T"],
                             vocab_start=s, vocab_size=V, **kw)
-        counts.append((counter.calls, counter.bytes, tuple(x["logits"].shape)))
+        flags = tuple(kw.get(f) is not None for f in ("top_k", "top_p", "min_p"))
+        counts.append((counter.calls, counter.bytes, tuple(x["logits"].shape), flags))
         for name in ("tokens", "num_accepted", "valid"):
             if not torch.equal(getattr(ref, name), getattr(got, name)):
                 bad.append(f"case {c} ({dtype}, {mode}, dense={dense}): {name} {getattr(got, name).tolist()} != "
@@ -153,3 +154,11 @@ def rank_subgroup(rank, world):
     ref = specdec_ext.verify(logits, ids, None, 0.7, seed=3, top_k=40)
     torch.manual_seed(100 + rank)  # the ranks' generators differ: the shared seed must not
     return torch.equal(got.tokens, ref.tokens), shared_seed(group)
+
+
+def rank_suite(rank, world, bounds, cases, seed):
+    """One spawn, several checks: rank_identity on ``bounds``; with 2 ranks also
+    rank_refusals, with 3 also rank_subgroup."""
+    return dict(identity=rank_identity(rank, world, bounds, cases, seed),
+                refusals=rank_refusals(rank, world) if world == 2 else None,
+                subgroup=rank_subgroup(rank, world) if world == 3 else None)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import cli_runner
 import specdec_ext
 from helpers import draws
-from shard_cases import OPS, random_case, rank_identity, rank_refusals, rank_subgroup, simulate
+from shard_cases import OPS, random_case, rank_suite, simulate
 from specdec_ext.distributed import VocabParallelModel, VocabShard, even_bounds
 from specdec_ext.distributed.launch import run_ranks
 from specdec_ext.models import SpecModel
@@ -367,33 +367,50 @@ def test_op_refuses_bad_gathered_tensors():
 
 
 # ---------------------------------------------------------------- over torch.distributed (gloo)
-@pytest.mark.parametrize("bounds", [[0, 384, 1000], [0, 128, 896, 1100], [0, 256, 512, 640, 2000]],
-                         ids=["2 ranks", "3 ranks", "4 ranks"])
-def test_distributed_matches_one_device(bounds):
-    world = len(bounds) - 1
-    results = run_ranks(rank_identity, world, bounds, draws(16, 6), 5, timeout_s=60)
+TWO, THREE, FOUR = [0, 384, 1000], [0, 128, 896, 1100], [0, 256, 512, 640, 2000]
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    """bounds -> the per-rank results of shard_cases.rank_suite, one spawn of P ranks each (the
+    tests below share them: a spawn costs seconds)."""
+    done = {}
+
+    def get(bounds):
+        if tuple(bounds) not in done:
+            done[tuple(bounds)] = run_ranks(rank_suite, len(bounds) - 1, bounds, draws(16, 6), 5, timeout_s=60)
+        return done[tuple(bounds)]
+
+    return get
+
+
+@pytest.mark.parametrize("bounds", [TWO, THREE, FOUR], ids=["2 ranks", "3 ranks", "4 ranks"])
+def test_distributed_matches_one_device(ranks, bounds):
+    results = [r["identity"] for r in ranks(bounds)]
     for r, (bad, _, _) in enumerate(results):
         assert not bad, f"rank {r}: " + "; ".join(bad[:5])
-    for r in range(1, world):  # every rank holds the same tokens
+    for r in range(1, len(results)):  # every rank holds the same tokens
         assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[r][1]))
 
 
-def test_distributed_moves_o_b_k_bytes():
-    """4 collectives per call; the bytes each rank hands over depend on B, K+1 and the cover size
-    (log of the shard's tiles), never on V itself: a small fraction of gathering the logits."""
-    bounds = [0, 384, 1000]
-    (bad, _, counts), _ = run_ranks(rank_identity, 2, bounds, 4, 6, timeout_s=60)
-    assert not bad
-    widths = [w for _, w, _ in shard_steps(bounds)]
-    for calls, nbytes, (B, K1, V) in counts:
-        assert calls == 4
-        assert nbytes == 13 * 8 + B * K1 * 8 * sum(widths)  # the header (13 int64), 3 steps (float64)
-        assert nbytes < 0.25 * B * K1 * V * 4  # gathering fp32 logits: B * K1 * V * 4 per rank and more
+def test_distributed_moves_o_b_k_bytes(ranks):
+    """A header, then one collective per step (3, plus the filters' radix passes); the bytes each
+    rank hands over depend on B, K+1 and the cover size (log of the shard's tiles), never on V
+    itself: a small fraction of gathering the logits."""
+    counts = ranks(TWO)[0]["identity"][2]
+    assert any(any(flags) for *_, flags in counts) and any(not any(flags) for *_, flags in counts)
+    for calls, nbytes, (B, K1, V), flags in counts:
+        steps = shard_steps(TWO, *flags)
+        assert calls == 1 + len(steps)
+        # the header (13 int64), then every step's [B, K+1, width] (float64 or int64)
+        assert nbytes == 13 * 8 + B * K1 * 8 * sum(w for _, w, _ in steps)
+        if not any(flags):
+            assert nbytes < 0.25 * B * K1 * V * 4  # gathering fp32 logits: B * K1 * V * 4 per rank
     assert shard_steps([0, 128 * 500, 128 * 1002])[-2][1] <= 2 * 10 + 4  # cover size grows as log2(tiles)
 
 
-def test_distributed_refusals_reach_every_rank():
-    out = run_ranks(rank_refusals, 2, timeout_s=30)
+def test_distributed_refusals_reach_every_rank(ranks):
+    out = [r["refusals"] for r in ranks(TWO)]
     for r, cases in enumerate(out):
         by_name = {name: (kind, msg) for name, kind, msg in cases}
         assert by_name.pop("after") == (None, "True")
@@ -412,10 +429,10 @@ def test_distributed_refusals_reach_every_rank():
     assert any("rank(s) [1] refused" in m for n, k, m in out[0] if n == "negative vocab_start")
 
 
-def test_distributed_in_a_subgroup():
+def test_distributed_in_a_subgroup(ranks):
     """A process group other than the world: group ranks, not global ranks, order the shards;
     the engine's shared seed comes from the group's first rank."""
-    out = run_ranks(rank_subgroup, 3, timeout_s=60)
+    out = [r["subgroup"] for r in ranks(THREE)]
     assert out[0] is None
     assert out[1][0] and out[2][0]
     assert out[1][1] == out[2][1]
