@@ -4,6 +4,8 @@ a list), and module-level functions that spawned ranks run through
 ``specdec_ext.distributed.launch.run_ranks``."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 import specdec_ext
@@ -57,9 +59,10 @@ def random_case(g: torch.Generator, V: int, dtype=torch.float32):
 
 # ---- rank functions (run_ranks): fn(rank, world, *args) -> a picklable result ----
 
-def rank_identity(rank, world, bounds, cases, seed):
+def rank_identity(rank, world, bounds, cases, seed, group=None):
     """Random calls of sd.verify / sd.sample, each compared with the single-device op on the
     full logits; returns (mismatches, this rank's tokens of every call, counted collectives)."""
+    verify, sample = functools.partial(sd.verify, group=group), functools.partial(sd.sample, group=group)
     g = torch.Generator().manual_seed(seed)
     s, e = bounds[rank], bounds[rank + 1]
     V = bounds[-1]
@@ -75,7 +78,7 @@ def rank_identity(rank, world, bounds, cases, seed):
             kw.update(top_k=30, top_p=0.9) if c % 2 else kw.update(min_p=0.05, top_p=0.8)
         ref = specdec_ext.verify(x["logits"], x["ids"], q, x["T"], **kw)
         with sd.count_bytes() as counter:
-            got = sd.verify(x["logits"][..., s:e], x["ids"], None if q is None else q[..., s:e], x["T"],
+            got = verify(x["logits"][..., s:e], x["ids"], None if q is None else q[..., s:e], x["T"],
                             vocab_start=s, vocab_size=V, **kw)
         flags = tuple(kw.get(f) is not None for f in ("top_k", "top_p", "min_p"))
         counts.append((counter.calls, counter.bytes, tuple(x["logits"].shape), flags))
@@ -87,16 +90,17 @@ def rank_identity(rank, world, bounds, cases, seed):
         T = float(x["T"][0])
         fs = dict(top_k=20) if c % 3 == 1 else {}
         ref_s = specdec_ext.sample(x["logits"][:, 0], T, seed=7 + c, offset=c, **fs)
-        got_s = sd.sample(x["logits"][:, 0, s:e], T, vocab_start=s, vocab_size=V, seed=7 + c, offset=c, **fs)
+        got_s = sample(x["logits"][:, 0, s:e], T, vocab_start=s, vocab_size=V, seed=7 + c, offset=c, **fs)
         if not torch.equal(ref_s, got_s):
             bad.append(f"case {c} sample ({dtype}, T={T}): {got_s.tolist()} != {ref_s.tolist()}")
         tokens.append(got_s)
     return bad, tokens, counts
 
 
-def rank_refusals(rank, world):
+def rank_refusals(rank, world, group=None):
     """Calls where one rank's arguments are wrong or the ranks disagree: every rank must raise
     (and none hang). Returns (case, exception type, message) per case."""
+    verify, sample = functools.partial(sd.verify, group=group), functools.partial(sd.sample, group=group)
     V = 512
     logits = torch.randn(2, 3, V, generator=torch.Generator().manual_seed(0))
     ids = torch.tensor([[1, 2], [3, 4]])
@@ -104,21 +108,21 @@ def rank_refusals(rank, world):
     s, e = (0, mid) if rank == 0 else (mid, V)
     ok = dict(vocab_start=s, vocab_size=V, seed=1)
     cases = {
-        "overlap": lambda: sd.verify(logits[..., s:e], ids, vocab_start=s - (10 if rank == 1 else 0), vocab_size=V,
+        "overlap": lambda: verify(logits[..., s:e], ids, vocab_start=s - (10 if rank == 1 else 0), vocab_size=V,
                                  seed=1),
-        "vocab_size": lambda: sd.verify(logits[..., s:e], ids, vocab_start=s, vocab_size=V + rank, seed=1),
-        "batch": lambda: sd.verify(logits[: 2 - rank, :, s:e], ids[: 2 - rank], **ok),
-        "drafts differ": lambda: sd.verify(logits[..., s:e], ids + rank, **ok),
-        "seed differs": lambda: sd.verify(logits[..., s:e], ids, vocab_start=s, vocab_size=V, seed=rank),
-        "bad temperature on rank 0": lambda: sd.verify(logits[..., s:e], ids, temperature=-1.0 if rank == 0 else 1.0, **ok),
-        "negative vocab_start": lambda: sd.verify(logits[..., s:e], ids, vocab_start=-1 if rank == 1 else s,
+        "vocab_size": lambda: verify(logits[..., s:e], ids, vocab_start=s, vocab_size=V + rank, seed=1),
+        "batch": lambda: verify(logits[: 2 - rank, :, s:e], ids[: 2 - rank], **ok),
+        "drafts differ": lambda: verify(logits[..., s:e], ids + rank, **ok),
+        "seed differs": lambda: verify(logits[..., s:e], ids, vocab_start=s, vocab_size=V, seed=rank),
+        "bad temperature on rank 0": lambda: verify(logits[..., s:e], ids, temperature=-1.0 if rank == 0 else 1.0, **ok),
+        "negative vocab_start": lambda: verify(logits[..., s:e], ids, vocab_start=-1 if rank == 1 else s,
                                                   vocab_size=V, seed=1),
-        "shard past vocab_size": lambda: sd.verify(logits[..., s:e], ids, vocab_start=s, vocab_size=300, seed=1),
-        "filters differ": lambda: sd.verify(logits[..., s:e], ids, top_k=5 + rank, **ok),
-        "bad top_p": lambda: sd.verify(logits[..., s:e], ids, top_p=1.5, **ok),
-        "mixed ops": lambda: (sd.verify(logits[..., s:e], ids, **ok) if rank == 0
-                              else sd.sample(logits[:, 0, s:e], vocab_start=s, vocab_size=V, seed=1)),
-        "sample 3-d logits on rank 1": lambda: sd.sample(logits[:, 0, s:e] if rank == 0 else logits[..., s:e],
+        "shard past vocab_size": lambda: verify(logits[..., s:e], ids, vocab_start=s, vocab_size=300, seed=1),
+        "filters differ": lambda: verify(logits[..., s:e], ids, top_k=5 + rank, **ok),
+        "bad top_p": lambda: verify(logits[..., s:e], ids, top_p=1.5, **ok),
+        "mixed ops": lambda: (verify(logits[..., s:e], ids, **ok) if rank == 0
+                              else sample(logits[:, 0, s:e], vocab_start=s, vocab_size=V, seed=1)),
+        "sample 3-d logits on rank 1": lambda: sample(logits[:, 0, s:e] if rank == 0 else logits[..., s:e],
                                                          vocab_start=s, vocab_size=V, seed=1),
     }
     out = []
@@ -129,21 +133,16 @@ def rank_refusals(rank, world):
         except Exception as exc:  # noqa: BLE001
             out.append((name, type(exc).__name__, str(exc)))
     # the group still works after the refusals
-    res = sd.verify(logits[..., s:e], ids, **ok)
+    res = verify(logits[..., s:e], ids, **ok)
     out.append(("after", None, str(torch.equal(res.tokens, specdec_ext.verify(logits, ids, seed=1).tokens))))
     return out
 
 
-def rank_subgroup(rank, world):
-    """Ranks 1 and 2 of 3 verify in their own group (group ranks 0 and 1), rank 0 sits out;
-    returns (tokens equal to one device's, the engine-style shared seed of the group)."""
-    import torch.distributed as dist
-
+def rank_subgroup(rank, world, group):
+    """Global ranks 1 and 2 verify in their own ``group`` (group ranks 0 and 1); returns (tokens
+    equal to one device's, the engine-style shared seed of the group)."""
     from specdec_ext.engine.phases import shared_seed
 
-    group = dist.new_group([1, 2])
-    if rank == 0:
-        return None
     V = 700
     g = torch.Generator().manual_seed(4)
     logits = torch.randn(3, 4, V, generator=g) * 3
@@ -156,9 +155,17 @@ def rank_subgroup(rank, world):
     return torch.equal(got.tokens, ref.tokens), shared_seed(group)
 
 
-def rank_suite(rank, world, bounds, cases, seed):
-    """One spawn, several checks: rank_identity on ``bounds``; with 2 ranks also
-    rank_refusals, with 3 also rank_subgroup."""
-    return dict(identity=rank_identity(rank, world, bounds, cases, seed),
-                refusals=rank_refusals(rank, world) if world == 2 else None,
-                subgroup=rank_subgroup(rank, world) if world == 3 else None)
+def rank_suite(rank, world, layouts, cases, seed):
+    """One spawn of 4 ranks, every gloo check: rank_identity for each layout of ``layouts``
+    ({P: bounds}, P in 2..4) on the group of global ranks 0..P-1; rank_refusals on ranks 0, 1;
+    rank_subgroup on ranks 1, 2 (a group whose first rank is not global rank 0). Returns
+    {"identity": {P: ...}, "refusals": ..., "subgroup": ...} (None where this rank sits out)."""
+    import torch.distributed as dist
+
+    groups = {P: None if P == world else dist.new_group(list(range(P))) for P in layouts}
+    pair = dist.new_group([1, 2])  # every rank creates every group, in the same order
+    out = dict(identity={P: rank_identity(rank, P, bounds, cases, seed, groups[P]) if rank < P else None
+                         for P, bounds in layouts.items()})
+    out["refusals"] = rank_refusals(rank, 2, groups[2]) if rank < 2 else None
+    out["subgroup"] = rank_subgroup(rank, world, pair) if rank in (1, 2) else None
+    return out

@@ -372,21 +372,14 @@ TWO, THREE, FOUR = [0, 384, 1000], [0, 128, 896, 1100], [0, 256, 512, 640, 2000]
 
 @pytest.fixture(scope="module")
 def ranks():
-    """bounds -> the per-rank results of shard_cases.rank_suite, one spawn of P ranks each (the
-    tests below share them: a spawn costs seconds)."""
-    done = {}
-
-    def get(bounds):
-        if tuple(bounds) not in done:
-            done[tuple(bounds)] = run_ranks(rank_suite, len(bounds) - 1, bounds, draws(16, 6), 5, timeout_s=60)
-        return done[tuple(bounds)]
-
-    return get
+    """shard_cases.rank_suite on ONE spawn of 4 ranks (a spawn costs seconds): the results of
+    every rank; the tests below read their parts."""
+    return run_ranks(rank_suite, 4, {2: TWO, 3: THREE, 4: FOUR}, draws(16, 6), 5, timeout_s=90)
 
 
-@pytest.mark.parametrize("bounds", [TWO, THREE, FOUR], ids=["2 ranks", "3 ranks", "4 ranks"])
-def test_distributed_matches_one_device(ranks, bounds):
-    results = [r["identity"] for r in ranks(bounds)]
+@pytest.mark.parametrize("P", [2, 3, 4], ids=["2 ranks", "3 ranks", "4 ranks"])
+def test_distributed_matches_one_device(ranks, P):
+    results = [r["identity"][P] for r in ranks[:P]]
     for r, (bad, _, _) in enumerate(results):
         assert not bad, f"rank {r}: " + "; ".join(bad[:5])
     for r in range(1, len(results)):  # every rank holds the same tokens
@@ -397,7 +390,7 @@ def test_distributed_moves_o_b_k_bytes(ranks):
     """A header, then one collective per step (3, plus the filters' radix passes); the bytes each
     rank hands over depend on B, K+1 and the cover size (log of the shard's tiles), never on V
     itself: a small fraction of gathering the logits."""
-    counts = ranks(TWO)[0]["identity"][2]
+    counts = ranks[0]["identity"][2][2]
     assert any(any(flags) for *_, flags in counts) and any(not any(flags) for *_, flags in counts)
     for calls, nbytes, (B, K1, V), flags in counts:
         steps = shard_steps(TWO, *flags)
@@ -410,7 +403,7 @@ def test_distributed_moves_o_b_k_bytes(ranks):
 
 
 def test_distributed_refusals_reach_every_rank(ranks):
-    out = [r["refusals"] for r in ranks(TWO)]
+    out = [r["refusals"] for r in ranks[:2]]
     for r, cases in enumerate(out):
         by_name = {name: (kind, msg) for name, kind, msg in cases}
         assert by_name.pop("after") == (None, "True")
@@ -432,7 +425,7 @@ def test_distributed_refusals_reach_every_rank(ranks):
 def test_distributed_in_a_subgroup(ranks):
     """A process group other than the world: group ranks, not global ranks, order the shards;
     the engine's shared seed comes from the group's first rank."""
-    out = [r["subgroup"] for r in ranks(THREE)]
+    out = [r["subgroup"] for r in ranks[:3]]
     assert out[0] is None
     assert out[1][0] and out[2][0]
     assert out[1][1] == out[2][1]
