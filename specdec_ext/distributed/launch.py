@@ -43,15 +43,26 @@ def _rank_main(rank: int, world: int, port: int, timeout_s: float, threads: int,
         results.put((rank, False, traceback.format_exc()))
 
 
+def _context():
+    """Where the ranks come from: a fork server (POSIX) that imported torch and specdec_ext once
+    and never runs a torch op (so no OpenMP pool is forked), which starts each rank in
+    milliseconds instead of a fresh interpreter's seconds of imports; spawn elsewhere."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "specdec_ext", "specdec_ext.distributed"])
+    return ctx
+
+
 def run_ranks(fn: Callable[..., Any], world: int, *args, timeout_s: float = 60.0, threads: int = 1) -> List[Any]:
-    """``fn(rank, world, *args)`` on ``world`` spawned processes in one gloo group (its
+    """``fn(rank, world, *args)`` on ``world`` new processes in one gloo group (its
     collectives time out after ``timeout_s``); returns the P results in rank order.
 
     ``fn`` and ``args`` must be picklable (a module-level function). Raises :class:`RankError`
     with the first failing rank's traceback, or when the ranks do not all report within
     ``2 * timeout_s`` (then they are killed).
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, timeout_s, threads, fn, args, results),

@@ -231,7 +231,11 @@ class _Backbone(nn.Module):
     # Named like transformers' LlamaModel so that state-dict keys match ("model.layers.0...").
     def __init__(self, cfg: LlamaConfig, dtype, device) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        # given its weight, nn.Embedding skips its N(0, 1) init (LlamaModel initialises every weight
+        # anyway): on the meta device that init alone imports torch's prims (~2 s per new process)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
+                                                             device=device))
         self.embed_tokens.requires_grad_(False)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, dtype, device) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
@@ -264,6 +268,8 @@ class LlamaModel(nn.Module):
             self.lm_head = _linear(cfg.hidden_size, cfg.vocab_size, False, dtype, device)
         with torch.no_grad():
             for name, p in self.named_parameters():
+                if p.is_meta:  # from_state_dict: storage comes later, and a meta init imports torch's prims
+                    break
                 if name.endswith("layernorm.weight") or name == "model.norm.weight":
                     continue
                 if name.endswith(".bias"):
