@@ -19,6 +19,8 @@
 # extension and C++ tests built): 2m15s-2m39s end to end with torch's Inductor caches,
 # pytest's cache (.pytest_cache: module order, SASS analysis) and the bytecode caches from an
 # earlier run, of which ~7 s setup check and C++ tests; 4m09s for a first run with all empty.
+# At commit 57742a3 (the vocabulary-parallel tests added, 1615 tests), warm: 2m55s (load 0.6
+# at the start), 3m05s (load 1.7).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
