@@ -306,6 +306,27 @@ inline bool tile_weights(const T* row, const TQ* q_row, QMode q_mode, int64_t dr
   return true;
 }
 
+// The fine race inside the n <= kRaceTile tokens [v, v + n) of one race tile (or of a part of
+// one, on a vocabulary shard), where row[k], q_row[k] and `draft` count from token `base`:
+// argmax_k w_k / E_k (p_k / E_k when use_p), ties to the lower id. The token exponentials are
+// keyed by global token id (race_exponentials from v rounded down to its Philox group).
+template <typename T, typename TQ>
+inline int64_t fine_race(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t base, int64_t v,
+                         int64_t n, float inv_t, SoftmaxStats st, float cut, const RowRng& rng, uint32_t token_stream,
+                         uint32_t position, bool use_p) {
+  alignas(64) float w[kRaceTile];
+  alignas(64) float p[kRaceTile];
+  alignas(64) float E[kRaceTile + 4];
+  const int64_t lead = v & 3;
+  tile_weights(row, q_row, q_mode, draft - base, v - base, n, inv_t, st, cut, w, p);
+  race_exponentials(rng, token_stream, position, v - lead, n + lead, E);
+  const float* weights = use_p ? p : w;
+  RaceBest best = race_empty();
+  for (int64_t k = 0; k < n; ++k)
+    if (race_better(weights[k] / E[lead + k], v + k, best)) best = RaceBest{weights[k] / E[lead + k], v + k};
+  return best.index;
+}
+
 // Two-level race over one row (verify_math.h): coarse race over fixed tiles on
 // the tile sums, fine race inside the winning tile. Falls back to p if the
 // residual is all zero. If probs_out is given, p is written there. Logits below
@@ -333,15 +354,9 @@ inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, floa
     if (race_better(kp, t, tile_p)) tile_p = RaceBest{kp, t};
   }
   const bool use_p = !(tile_w.key > 0.0f);
-  const int64_t v0 = (use_p ? tile_p.index : tile_w.index) * kRaceTile, n = std::min(kRaceTile, V - v0);
-  alignas(64) float E[kRaceTile];
-  tile_weights(row, q_row, q_mode, draft, v0, n, inv_t, st, cut, w, p);
-  race_exponentials(rng, token_stream, position, v0, n, E);
-  const float* weights = use_p ? p : w;
-  RaceBest best = race_empty();
-  for (int64_t k = 0; k < n; ++k)
-    if (race_better(weights[k] / E[k], v0 + k, best)) best = RaceBest{weights[k] / E[k], v0 + k};
-  token = best.index;
+  const int64_t v0 = (use_p ? tile_p.index : tile_w.index) * kRaceTile;
+  token = fine_race(row, q_row, q_mode, draft, 0, v0, std::min(kRaceTile, V - v0), inv_t, st, cut, rng,
+                    token_stream, position, use_p);
   return true;
 }
 
@@ -657,8 +672,8 @@ inline float topk_sum_exp(int64_t V, float inv_t, float m, float cut) {
 // The filtered softmax stats of one visited, non-greedy position with raw max m:
 // the filter cutoff (kNoCut when no filter is on) and the sum over the survivors.
 // topk_cut: the top-k cutoff when position_max found it, else nullptr. With top-k
-// every survivor is in the candidate buffer, so the sum reads only the race tiles that
-// hold one (topk_sum_exp: row_sum_exp's bits) instead of another pass over the row.
+// every survivor is in the candidate buffer, with its id, so the sum is rebuilt from them
+// (topk_sum_exp: row_sum_exp's bits) instead of in another pass over the row.
 // raw_sum (raw token_logprobs asked, else nullptr): also the raw law's sum over every
 // logit at T = 1: the stats sum itself when nothing differs, else taken in the sum pass
 // (row_sum_exp_and_raw); a top-k row, whose sum comes from the candidates, takes it in the

@@ -1,6 +1,6 @@
 // CPU kernels of the local steps of vocabulary-parallel verify / sample (core/shard_math.h):
 // the single-device kernel's own helpers (sampling_kernels.h: row_max, tile_sum_exp,
-// tile_weights, race_exponentials, minp_bound) run on one shard, so that on tile-aligned shards
+// tile_weights, fine_race, minp_bound) run on one shard, so that on tile-aligned shards
 // every value a rank sends is the value the single-device kernel computes for the same tokens.
 // Included once per instruction set, after sampling_kernels.h.
 #pragma once
@@ -16,29 +16,9 @@ inline bool part_has_survivor(const float* x, int64_t n, float cut) {
   return !(cut > kNoCut) || any_at_least(x, n, cut);
 }
 
-// The fine race inside the part that starts at global token v of the shard [start, end):
-// argmax_k w_k / E_k over its tokens (p_k / E_k when use_p), ties to the lower id. The
-// token exponentials are race_row's (keyed by global token id; a part starting on a tile
-// boundary gets race_row's exact call).
-template <typename T, typename TQ>
-inline int64_t fine_race_part(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t start, int64_t end,
-                              int64_t v, float inv_t, SoftmaxStats st, float cut, const RowRng& rng,
-                              uint32_t token_stream, uint32_t position, bool use_p) {
-  alignas(64) float w[kRaceTile];
-  alignas(64) float p[kRaceTile];
-  alignas(64) float E[kRaceTile + 4];
-  const int64_t n = part_end(v, end) - v, lead = v & 3;
-  tile_weights(row, q_row, q_mode, draft - start, v - start, n, inv_t, st, cut, w, p);
-  race_exponentials(rng, token_stream, position, v - lead, n + lead, E);
-  const float* weights = use_p ? p : w;
-  RaceBest best = race_empty();
-  for (int64_t k = 0; k < n; ++k)
-    if (race_better(weights[k] / E[lead + k], v + k, best)) best = RaceBest{weights[k] / E[lead + k], v + k};
-  return best.index;
-}
-
 // race_row on one shard: the coarse race over the shard's parts (residual weights and p),
-// then the fine race in the best part of each. st: the GLOBAL (max, sum); cut: the cutoff.
+// then the fine race (sampling_kernels.h fine_race) in the best part of each. st: the GLOBAL
+// (max, sum); cut: the cutoff.
 template <typename T, typename TQ>
 inline ShardRace race_shard(const T* row, int64_t start, int64_t end, float inv_t, SoftmaxStats st, float cut,
                             QMode q_mode, const TQ* q_row, int64_t draft, const RowRng& rng, uint32_t tile_stream,
@@ -64,12 +44,12 @@ inline ShardRace race_shard(const T* row, int64_t start, int64_t end, float inv_
   if (bp.key < 0.0f) return out;  // no survivor on this shard
   out.key_w = bw.key;
   out.part_w = bw.index;
-  out.token_w = fine_race_part(row, q_row, q_mode, draft, start, end, bw.index, inv_t, st, cut, rng, token_stream,
-                               position, false);
+  out.token_w = fine_race(row, q_row, q_mode, draft, start, bw.index, part_end(bw.index, end) - bw.index, inv_t, st,
+                          cut, rng, token_stream, position, false);
   out.key_p = bp.key;
   out.part_p = bp.index;
-  out.token_p = fine_race_part(row, q_row, q_mode, draft, start, end, bp.index, inv_t, st, cut, rng, token_stream,
-                               position, true);
+  out.token_p = fine_race(row, q_row, q_mode, draft, start, bp.index, part_end(bp.index, end) - bp.index, inv_t, st,
+                          cut, rng, token_stream, position, true);
   return out;
 }
 
