@@ -1,5 +1,6 @@
 // core/tile_sum.h: the streamed pairwise sum equals its recursive definition, and a row cut
-// into contiguous shards at tile boundaries gives the single-device sum bit for bit.
+// into contiguous shards at tile boundaries gives the single-device sum bit for bit; the same
+// for the CUDA kernels' tree of (max, sum) pairs.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "core/shard_math.h"
 #include "core/tile_sum.h"
 
 using namespace specdec;
@@ -131,4 +133,123 @@ TEST(TileSum, CoverSizeIsLogarithmic) {
       EXPECT_LE(n, 2 * static_cast<int>(std::log2(static_cast<double>(b - a))) + 2) << a << " " << b;
     }
   EXPECT_LE(tile_cover_size(1, (int64_t(1) << 40) - 1), 2 * 40);
+}
+
+// ---- the CUDA kernels' tree of (max, sum) pairs (cuda/tile_stats.cuh) ----
+
+namespace {
+// Random pairs as tiles give them: a max over many binades (some tied, some empty tiles)
+// and a sum in [1, 128] (the max token's e is 1).
+std::vector<SoftmaxStats> tile_pairs(int64_t T, std::mt19937& gen) {
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f), sum(1.0f, 128.0f);
+  std::uniform_int_distribution<int> kind(0, 9);
+  std::vector<SoftmaxStats> s(static_cast<size_t>(T));
+  float last = 0.0f;
+  for (auto& p : s) {
+    const int k = kind(gen);
+    if (k == 0) p = stats_empty();                             // a tile of -inf / filtered tokens
+    else if (k == 1) p = SoftmaxStats{last, sum(gen)};         // a max tied with the previous one
+    else p = SoftmaxStats{last = std::ldexp(mant(gen), std::uniform_int_distribution<int>(-3, 5)(gen)) *
+                                 (k % 2 ? 1.0f : -1.0f), sum(gen)};
+  }
+  return s;
+}
+bool same(SoftmaxStats a, SoftmaxStats b) { return bits(a.max) == bits(b.max) && bits(a.sum) == bits(b.sum); }
+
+// The full dyadic tree over n items (a power of two), as the warp butterfly computes it.
+SoftmaxStats padded_tree(std::vector<SoftmaxStats> v, float inv_t) {
+  for (size_t w = v.size(); w > 1; w /= 2)
+    for (size_t i = 0; i < w / 2; ++i) v[i] = stats_merge(v[2 * i], v[2 * i + 1], inv_t);
+  return v[0];
+}
+}  // namespace
+
+// What lets a warp compute the tree: stats_merge commutes bit for bit (the butterfly's right
+// lane merges (right, left)) and (-inf, 0) is an exact identity, so the stack's tree over T
+// tiles is the full tree over the next power of two with the missing tiles empty.
+TEST(PairTree, MergeCommutesAndTheEmptyPairIsAnIdentity) {
+  std::mt19937 gen(11);
+  for (int trial = 0; trial < 20; ++trial) {
+    const std::vector<SoftmaxStats> p = tile_pairs(64, gen);
+    const float inv_t = trial % 2 ? 1.0f : 0.7f;
+    for (size_t i = 0; i + 1 < p.size(); ++i) {
+      ASSERT_TRUE(same(stats_merge(p[i], p[i + 1], inv_t), stats_merge(p[i + 1], p[i], inv_t)));
+      ASSERT_TRUE(same(stats_merge(p[i], stats_empty(), inv_t), p[i]) || p[i].max == -INFINITY);
+      ASSERT_TRUE(same(stats_merge(stats_empty(), p[i], inv_t), p[i]) || p[i].max == -INFINITY);
+    }
+  }
+}
+
+TEST(PairTree, StackIsThePaddedTree) {
+  std::mt19937 gen(12);
+  for (int64_t T = 1; T <= 300; T += (T < 40 ? 1 : 23)) {
+    const std::vector<SoftmaxStats> p = tile_pairs(T, gen);
+    const float inv_t = 1.3f;
+    TileTreeStack<SoftmaxStats, PairMerge> st(0, PairMerge{inv_t});
+    for (const auto& x : p) st.add(x);
+    size_t n = 1;
+    while (n < p.size()) n *= 2;
+    std::vector<SoftmaxStats> padded = p;
+    padded.resize(n, stats_empty());
+    EXPECT_TRUE(same(st.total(), padded_tree(padded, inv_t))) << "T = " << T;
+  }
+}
+
+// The CUDA protocol (ShardPlan::pairs): each shard sends the (max, sum) cover of its parts;
+// combine_sum folds them into the tree of the whole row: the single-device sum, bit for bit,
+// whatever the split. On a huge row (a shard's kMax flag) it folds the plain sums instead.
+TEST(PairTree, ShardCoversGiveTheWholeRowSum) {
+  std::mt19937 gen(13);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t V = std::uniform_int_distribution<int64_t>(1, 6000)(gen);
+    const int P = std::uniform_int_distribution<int>(1, 5)(gen);
+    std::vector<int64_t> b{0};
+    for (int r = 1; r < P; ++r) {
+      const int64_t c = std::uniform_int_distribution<int64_t>(1, std::max<int64_t>(1, V - 1))(gen);
+      if (c > b.back() && c < V) b.push_back(trial % 2 ? c / 128 * 128 : c);
+      if (b.back() == 0 || (b.size() > 1 && b[b.size() - 2] == b.back())) b.pop_back();
+    }
+    b.push_back(V);
+    const ShardLayout L{b.data(), static_cast<int64_t>(b.size()) - 1};
+    const int64_t parts = L.first_part(L.P - 1) + L.part_count(L.P - 1);
+    const std::vector<SoftmaxStats> p = tile_pairs(parts, gen);
+    const float inv_t = 0.9f;
+    const bool huge = trial % 7 == 0;
+    TileTreeStack<SoftmaxStats, PairMerge> whole(0, PairMerge{inv_t});
+    TileSumStack whole_sum;
+    for (const auto& x : p) {
+      whole.add(x);
+      whole_sum.add(x.sum);
+    }
+    ShardGathered g;
+    g.plan = ShardPlan::of(false, false, false, /*pairs=*/true);
+    g.K = 0;
+    const int64_t W = shard_step_width(ShardStep::kSums, L, true);
+    g.width[0] = shard_step_width(ShardStep::kMax, L, true);
+    g.width[g.plan.sums()] = W;
+    std::vector<std::vector<double>> maxes, sums;
+    for (int64_t r = 0; r < L.P; ++r) {
+      maxes.push_back({0.0, 0.0, huge && r == L.P - 1 ? 1.0 : 0.0});
+      TileTreeStack<SoftmaxStats, PairMerge> s(L.first_part(r), PairMerge{inv_t});
+      TileSumStack plain(L.first_part(r));
+      for (int64_t q = L.first_part(r); q < L.first_part(r) + L.part_count(r); ++q) {
+        s.add(p[static_cast<size_t>(q)]);
+        plain.add(p[static_cast<size_t>(q)].sum);
+      }
+      ASSERT_EQ(s.depth, L.cover_size(r));
+      ASSERT_LE(2 * s.depth + 2, W);
+      sums.emplace_back(static_cast<size_t>(W), 0.0);
+      for (int d = 0; d < s.depth; ++d) {
+        sums.back()[2 * d] = huge ? 0.0 : s.value[d].max;
+        sums.back()[2 * d + 1] = huge ? plain.value[d] : s.value[d].sum;
+      }
+    }
+    std::vector<const void*> mp, sp;
+    for (auto& v : maxes) mp.push_back(v.data());
+    for (auto& v : sums) sp.push_back(v.data());
+    g.step[0] = mp.data();
+    g.step[g.plan.sums()] = sp.data();
+    const float got = combine_sum(g, L, 0, 0, inv_t);
+    EXPECT_EQ(bits(got), bits(huge ? whole_sum.total() : whole.total().sum)) << "trial " << trial << ", P " << L.P;
+  }
 }

@@ -285,7 +285,7 @@ inline constexpr const char* kAll[] = {kVerifySchema,          kSampleSchema,   
                                        kPagedKvGatherIntoSchema, kKvCompactSchema,    kPagedKvCompactSchema};
 inline constexpr const char* kCudaOps[] = {kVerifySchema,        kSampleSchema,        kFilteredProbsSchema,
                                            kMaskLogitsSchema,    kLogprobsSchema,      kVerifyTreeSchema,
-                                           kKvAppendSchema,
+                                           kVerifyShardSchema,   kVerifyShardFinishSchema, kKvAppendSchema,
                                            kKvRollbackSchema,    kPagedKvAppendSchema, kPagedKvGatherSchema,
                                            kPagedKvGatherIntoSchema, kKvCompactSchema, kPagedKvCompactSchema};
 

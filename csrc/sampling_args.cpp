@@ -436,9 +436,10 @@ void prepare_verify_shard(ShardLaunch& L, const at::Tensor& target_logits, const
                           const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
                           const at::Tensor& seed, const at::Tensor& offset, const SamplingFilters& filters,
                           const std::optional<at::Tensor>& num_drafts, bool coupled, at::IntArrayRef shard_bounds,
-                          int64_t rank, int64_t stage, at::TensorList gathered) {
+                          int64_t rank, int64_t stage, at::TensorList gathered, bool cuda_kernels,
+                          HostChecks checks) {
   L.verify = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, filters,
-                            num_drafts, coupled, /*probs_input=*/false);
+                            num_drafts, coupled, /*probs_input=*/false, TokenLogprobsArg{}, checks);
   const VerifyParams& P = L.verify.params;
   const int64_t n_bounds = static_cast<int64_t>(shard_bounds.size());
   TORCH_CHECK_VALUE(n_bounds >= 2, "shard_bounds must hold P + 1 >= 2 values, got ", shard_bounds);
@@ -459,7 +460,8 @@ void prepare_verify_shard(ShardLaunch& L, const at::Tensor& target_logits, const
   S.layout = ShardLayout{L.bounds.data(), world};
   S.rank = rank;
   ShardGathered& g = S.g;
-  g.plan = ShardPlan::of(filters.top_k.has_value(), filters.top_p.has_value(), filters.min_p.has_value());
+  g.plan = ShardPlan::of(filters.top_k.has_value(), filters.top_p.has_value(), filters.min_p.has_value(),
+                         cuda_kernels);
   g.K = P.K;
   const int steps = g.plan.n;
   TORCH_CHECK_VALUE(stage >= 0 && stage <= steps + 1, "stage must be in [0, ", steps + 1, "] (", steps,
@@ -469,7 +471,7 @@ void prepare_verify_shard(ShardLaunch& L, const at::Tensor& target_logits, const
   TORCH_CHECK_VALUE(static_cast<int64_t>(gathered.size()) == need, "gathered must hold the outputs of steps 1..",
                     stage - 1, " of all P = ", world, " ranks (", need, " tensors) at stage ", stage, ", got ",
                     gathered.size());
-  for (int s = 0; s < steps; ++s) g.width[s] = shard_step_width(g.plan.kind[s], S.layout);
+  for (int s = 0; s < steps; ++s) g.width[s] = shard_step_width(g.plan.kind[s], S.layout, g.plan.pairs);
   for (int64_t k = 0; k < need; ++k) {
     const at::Tensor& t = gathered[k];
     const int s = static_cast<int>(k / world);
@@ -493,6 +495,31 @@ void prepare_verify_shard(ShardLaunch& L, const at::Tensor& target_logits, const
     L.out = at::empty({P.B, P.K + 1, g.width[S.step]}, opts.dtype(shard_step_is_int(kind) ? at::kLong : at::kDouble));
     S.out = L.out.mutable_data_ptr();
   }
+}
+
+void prepare_shard_step(ShardLaunch& L, const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+                        const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
+                        const at::Tensor& seed, const at::Tensor& offset, const SamplingFilters& filters,
+                        const std::optional<at::Tensor>& num_drafts, bool coupled, at::IntArrayRef shard_bounds,
+                        int64_t rank, int64_t stage, at::TensorList gathered, bool cuda_kernels, HostChecks checks) {
+  prepare_verify_shard(L, target_logits, draft_token_ids, draft_probs, temperature, seed, offset, filters, num_drafts,
+                       coupled, shard_bounds, rank, stage, gathered, cuda_kernels, checks);
+  TORCH_CHECK_VALUE(L.params.step < L.params.g.plan.n || stage == 0, "stage ", stage,
+                    " is verify_shard_finish's (the last step is ", L.params.g.plan.n, ")");
+}
+
+void prepare_shard_finish(ShardLaunch& L, const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+                          const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
+                          const at::Tensor& seed, const at::Tensor& offset, const SamplingFilters& filters,
+                          const std::optional<at::Tensor>& num_drafts, bool coupled, at::IntArrayRef shard_bounds,
+                          int64_t rank, at::TensorList gathered, bool cuda_kernels, HostChecks checks) {
+  const int64_t world = static_cast<int64_t>(shard_bounds.size()) - 1;
+  const int64_t stage = world > 0 ? static_cast<int64_t>(gathered.size()) / world + 1 : 1;
+  prepare_verify_shard(L, target_logits, draft_token_ids, draft_probs, temperature, seed, offset, filters, num_drafts,
+                       coupled, shard_bounds, rank, stage, gathered, cuda_kernels, checks);
+  TORCH_CHECK_VALUE(L.params.step == L.params.g.plan.n, "gathered must hold the outputs of all ",
+                    L.params.g.plan.n, " steps of all P = ", world, " ranks (", L.params.g.plan.n * world,
+                    " tensors), got ", gathered.size());
 }
 
 }  // namespace specdec

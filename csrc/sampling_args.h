@@ -111,10 +111,26 @@ struct ShardLaunch {
 
 // verify_shard / verify_shard_finish's arguments (op_schemas.h); stage = the number of steps + 1
 // is finish. The launch must not be copied or moved afterwards (params point into its vectors).
+// cuda_kernels: the steps run the CUDA kernels (ShardPlan::pairs), on a GPU or emulated.
 void prepare_verify_shard(ShardLaunch& L, const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
                           const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
                           const at::Tensor& seed, const at::Tensor& offset, const SamplingFilters& filters,
                           const std::optional<at::Tensor>& num_drafts, bool coupled, at::IntArrayRef shard_bounds,
-                          int64_t rank, int64_t stage, at::TensorList gathered);
+                          int64_t rank, int64_t stage, at::TensorList gathered, bool cuda_kernels = false,
+                          HostChecks checks = HostChecks::kCpuTensors);
+
+// verify_shard's arguments: prepare_verify_shard, and stage must be 0 or a step (not finish).
+void prepare_shard_step(ShardLaunch& L, const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+                        const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
+                        const at::Tensor& seed, const at::Tensor& offset, const SamplingFilters& filters,
+                        const std::optional<at::Tensor>& num_drafts, bool coupled, at::IntArrayRef shard_bounds,
+                        int64_t rank, int64_t stage, at::TensorList gathered, bool cuda_kernels, HostChecks checks);
+// verify_shard_finish's arguments: prepare_verify_shard at the stage after the steps whose
+// outputs `gathered` holds, which must be all of them.
+void prepare_shard_finish(ShardLaunch& L, const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+                          const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
+                          const at::Tensor& seed, const at::Tensor& offset, const SamplingFilters& filters,
+                          const std::optional<at::Tensor>& num_drafts, bool coupled, at::IntArrayRef shard_bounds,
+                          int64_t rank, at::TensorList gathered, bool cuda_kernels, HostChecks checks);
 
 }  // namespace specdec

@@ -24,7 +24,8 @@ import specdec_ext
 SIMT_SCHEDULES = tuple(os.environ.get("SPECDEC_SIMT_SCHEDULES", "1,2,3").split(","))
 
 # the arguments each op writes (restored before each schedule, compared after)
-_MUTATED = {"verify": ("token_logprobs",), "sample": ("probs_out", "token_logprobs"), "filtered_probs": (), "mask_logits": (), "verify_tree": (), "kv_append_": ("key_cache", "value_cache", "overflow"),
+_MUTATED = {"verify": ("token_logprobs",), "sample": ("probs_out", "token_logprobs"), "filtered_probs": (), "mask_logits": (), "verify_tree": (),
+            "verify_shard": (), "verify_shard_finish": (), "kv_append_": ("key_cache", "value_cache", "overflow"),
             "kv_rollback_": ("lengths", "invalid"), "paged_kv_append_": ("key_cache", "value_cache", "invalid"),
             "paged_kv_gather": ("out",), "kv_compact_": ("key_cache", "value_cache", "invalid"),
             "paged_kv_compact_": ("key_cache", "value_cache", "invalid")}
@@ -86,6 +87,14 @@ class CudaBackend(_Backend):
     paged_kv_gather = staticmethod(specdec_ext.paged_kv_gather)
     kv_compact_ = staticmethod(specdec_ext.kv_compact_)
     paged_kv_compact_ = staticmethod(specdec_ext.paged_kv_compact_)
+
+    @staticmethod
+    def verify_shard(*args):
+        return torch.ops.specdec.verify_shard(*args)
+
+    @staticmethod
+    def verify_shard_finish(*args):
+        return torch.ops.specdec.verify_shard_finish(*args)
 
     def sync(self):
         torch.cuda.synchronize()

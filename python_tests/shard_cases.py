@@ -16,9 +16,11 @@ OPS = torch.ops.specdec
 
 
 def simulate(logits, ids, probs, temperature, seed, offset, bounds, num_drafts=None, coupled=False, top_k=None,
-             top_p=None, min_p=None):
+             top_p=None, min_p=None, ops=OPS):
     """verify_shard's steps for every shard of ``bounds`` in one process (what
-    specdec_ext.distributed does over P processes). Returns one VerifyResult per rank."""
+    specdec_ext.distributed does over P processes). Returns one VerifyResult per rank.
+    ops: where verify_shard / verify_shard_finish run (torch.ops.specdec, or a backends.py
+    backend: the CUDA kernels, emulated or on a GPU)."""
     P = len(bounds) - 1
     t = temperature if isinstance(temperature, torch.Tensor) else torch.tensor(float(temperature))
     seed = seed if isinstance(seed, torch.Tensor) else torch.tensor(seed)
@@ -30,11 +32,11 @@ def simulate(logits, ids, probs, temperature, seed, offset, bounds, num_drafts=N
         return (logits[..., s:e], ids, None if probs is None else probs[..., s:e], t, seed, offset, *filters,
                 num_drafts, coupled, bounds, r)
 
-    steps = int(OPS.verify_shard(*args(0), 0, [])[0])
+    steps = int(ops.verify_shard(*args(0), 0, [])[0])
     gathered = []
     for stage in range(1, steps + 1):
-        gathered = gathered + [OPS.verify_shard(*args(r), stage, gathered) for r in range(P)]
-    return [specdec_ext.VerifyResult(*OPS.verify_shard_finish(*args(r), gathered)) for r in range(P)]
+        gathered = gathered + [ops.verify_shard(*args(r), stage, gathered) for r in range(P)]
+    return [specdec_ext.VerifyResult(*ops.verify_shard_finish(*args(r), gathered)) for r in range(P)]
 
 
 def random_case(g: torch.Generator, V: int, dtype=torch.float32):
@@ -59,10 +61,12 @@ def random_case(g: torch.Generator, V: int, dtype=torch.float32):
 
 # ---- rank functions (run_ranks): fn(rank, world, *args) -> a picklable result ----
 
-def rank_identity(rank, world, bounds, cases, seed, group=None):
-    """Random calls of sd.verify / sd.sample, each compared with the single-device op on the
-    full logits; returns (mismatches, this rank's tokens of every call, counted collectives)."""
-    verify, sample = functools.partial(sd.verify, group=group), functools.partial(sd.sample, group=group)
+def rank_identity(rank, world, bounds, cases, seed, group=None, ref=specdec_ext, host_group=None):
+    """Random calls of sd.verify / sd.sample, each compared with the single-device op (of
+    ``ref``: verify and sample) on the full logits; returns (mismatches, this rank's tokens of
+    every call, counted collectives)."""
+    verify = functools.partial(sd.verify, group=group, host_group=host_group)
+    sample = functools.partial(sd.sample, group=group, host_group=host_group)
     g = torch.Generator().manual_seed(seed)
     s, e = bounds[rank], bounds[rank + 1]
     V = bounds[-1]
@@ -76,20 +80,20 @@ def rank_identity(rank, world, bounds, cases, seed, group=None):
         kw = dict(seed=x["seed"], offset=x["offset"], mode=mode, num_drafts=x["num_drafts"])
         if c % 5 == 4:  # filters over the whole vocabulary
             kw.update(top_k=30, top_p=0.9) if c % 2 else kw.update(min_p=0.05, top_p=0.8)
-        ref = specdec_ext.verify(x["logits"], x["ids"], q, x["T"], **kw)
+        ref_v = ref.verify(x["logits"], x["ids"], q, x["T"], **kw)
         with sd.count_bytes() as counter:
             got = verify(x["logits"][..., s:e], x["ids"], None if q is None else q[..., s:e], x["T"],
                             vocab_start=s, vocab_size=V, **kw)
         flags = tuple(kw.get(f) is not None for f in ("top_k", "top_p", "min_p"))
         counts.append((counter.calls, counter.bytes, tuple(x["logits"].shape), flags))
         for name in ("tokens", "num_accepted", "valid"):
-            if not torch.equal(getattr(ref, name), getattr(got, name)):
+            if not torch.equal(getattr(ref_v, name), getattr(got, name)):
                 bad.append(f"case {c} ({dtype}, {mode}, dense={dense}): {name} {getattr(got, name).tolist()} != "
-                           f"{getattr(ref, name).tolist()}")
+                           f"{getattr(ref_v, name).tolist()}")
         tokens.append(got.tokens)
         T = float(x["T"][0])
         fs = dict(top_k=20) if c % 3 == 1 else {}
-        ref_s = specdec_ext.sample(x["logits"][:, 0], T, seed=7 + c, offset=c, **fs)
+        ref_s = ref.sample(x["logits"][:, 0], T, seed=7 + c, offset=c, **fs)
         got_s = sample(x["logits"][:, 0, s:e], T, vocab_start=s, vocab_size=V, seed=7 + c, offset=c, **fs)
         if not torch.equal(ref_s, got_s):
             bad.append(f"case {c} sample ({dtype}, T={T}): {got_s.tolist()} != {ref_s.tolist()}")
@@ -155,6 +159,21 @@ def rank_subgroup(rank, world, group):
     return torch.equal(got.tokens, ref.tokens), shared_seed(group)
 
 
+def rank_simt_protocol(rank, world, bounds, cases, seed):
+    """rank_identity with the protocol's steps on the SIMT emulation of the CUDA kernels (its
+    op namespace swapped for torch.ops.specdec_simt: the gathers, checks and finish are the
+    protocol's own), compared with the emulated single-device verify / sample; the header
+    travels on an explicit host_group (a second gloo group of the same ranks)."""
+    import torch.distributed as dist
+
+    from specdec_ext.distributed import protocol
+    from specdec_ext.testing import simt
+
+    host = dist.new_group(list(range(world)), backend="gloo")
+    protocol._OPS = simt._SimtOps()
+    return rank_identity(rank, world, bounds, cases, seed, ref=simt, host_group=host)
+
+
 def rank_suite(rank, world, layouts, cases, seed):
     """One spawn of 4 ranks, every gloo check: rank_identity for each layout of ``layouts``
     ({P: bounds}, P in 2..4) on the group of global ranks 0..P-1; rank_refusals on ranks 0, 1;
@@ -169,3 +188,31 @@ def rank_suite(rank, world, layouts, cases, seed):
     out["refusals"] = rank_refusals(rank, 2, groups[2]) if rank < 2 else None
     out["subgroup"] = rank_subgroup(rank, world, pair) if rank in (1, 2) else None
     return out
+
+
+def rank_nccl_no_sync(rank, world, V, bounds):
+    """CUDA tensors over NCCL (one GPU per rank): sd.verify / sd.sample (filters, dense drafts)
+    under torch.cuda.set_sync_debug_mode("error") after a warm-up call (the gloo side group is
+    created then); returns whether the tokens equal the single-device CUDA ops'."""
+    dev = torch.device("cuda", rank)
+    g = torch.Generator().manual_seed(8)
+    logits = (torch.randn(4, 4, V, generator=g) * 3).to(dev)
+    q = torch.softmax(torch.randn(4, 3, V, generator=g), -1).to(dev)
+    ids = torch.randint(0, V, (4, 3), generator=g).to(dev)
+    s, e = bounds[rank], bounds[rank + 1]
+    kw = dict(seed=torch.arange(4, device=dev) + 5, offset=2, top_p=0.9)
+
+    def ours():
+        return (sd.verify(logits[..., s:e], ids, q[..., s:e], 0.8, vocab_start=s, vocab_size=V, **kw),
+                sd.sample(logits[:, 0, s:e], 0.8, vocab_start=s, vocab_size=V, seed=3, top_k=50))
+
+    ours()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        res, tok = ours()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    ref = specdec_ext.verify(logits, ids, q, 0.8, **kw)
+    ref_tok = specdec_ext.sample(logits[:, 0], 0.8, seed=3, top_k=50)
+    return torch.equal(res.tokens, ref.tokens) and torch.equal(tok, ref_tok)

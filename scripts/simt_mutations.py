@@ -20,28 +20,41 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-# (name, file, original text, mutated text)
+#: the emulated tests run against each mutant (a quick, broad subset; -x stops at the first failure)
+TESTS = ["python_tests/test_sampling_gpu.py", "-m", "simt and not law", "-x", "-q", "-rf", "-p", "no:cacheprovider",
+         "-k", "agree or invalid or greedy or documented_formula"]
+#: the vocabulary-parallel steps' tests (identity on aligned shards, the ratio boundary, the law)
+SHARD_TESTS = ["python_tests/test_distributed_gpu.py", "-m", "simt", "-x", "-q", "-rf", "-p", "no:cacheprovider",
+               "-k", "identical or boundary or law"]
+
+# (name, file, original text, mutated text, tests)
 MUTATIONS = [
     ("removed __syncthreads (block_reduce: scratch written, then read by every thread)",
      "csrc/cuda/block_reduce.cuh",
      "  if (lane == 0) scratch[warp] = v;\n  __syncthreads();\n",
-     "  if (lane == 0) scratch[warp] = v;\n"),
+     "  if (lane == 0) scratch[warp] = v;\n", TESTS),
     ("loop bound widened by one (merge_stat_blocks reads one stat block past the row)",
      "csrc/cuda/sampling_kernels.cuh",
-     "for (int64_t k = lane; k < nblk; k += 32) st = merge_stats(st, blocks[k], inv_t);",
-     "for (int64_t k = lane; k <= nblk; k += 32) st = merge_stats(st, blocks[k], inv_t);"),
+     "tree.push(warp_tree(k < nblk ? blocks[k]",
+     "tree.push(warp_tree(k <= nblk ? blocks[k]", TESTS),
     ("wrong shuffle offset (warp_sum: the tile sums of the coarse race)",
      "csrc/cuda/sampling_kernels.cuh",
      "for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);",
-     "for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m >> 1);"),
+     "for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m >> 1);", TESTS),
+    ("descending butterfly (warp_tree: the stat blocks merge in another tree than the tiles' dyadic tree, "
+     "which a shard's cover rebuilds)",
+     "csrc/cuda/tile_stats.cuh",
+     "for (int mask = 1; mask < 32; mask <<= 1) v = merge(v, v.shfl(mask));",
+     "for (int mask = 16; mask > 0; mask >>= 1) v = merge(v, v.shfl(mask));", SHARD_TESTS),
+    ("a part that starts inside a tile keyed by the tile's exponential (shard_race: split tiles' parts "
+     "share one Exp(1))",
+     "csrc/cuda/shard_kernels.cuh",
+     "const float E = start == t * kRaceTile ?",
+     "const float E = true ?", SHARD_TESTS),
 ]
 
-#: the emulated tests run against each mutant (a quick, broad subset; -x stops at the first failure)
-TESTS = ["python_tests/test_sampling_gpu.py", "-m", "simt and not law", "-x", "-q", "-rf", "-p", "no:cacheprovider",
-         "-k", "agree or invalid or greedy or documented_formula"]
 
-
-def run_mutant(name: str, rel: str, old: str, new: str) -> tuple[bool, str]:
+def run_mutant(name: str, rel: str, old: str, new: str, tests: list) -> tuple[bool, str]:
     with tempfile.TemporaryDirectory(prefix="simt-mutant-") as tmp:
         shutil.copytree(ROOT / "csrc", pathlib.Path(tmp) / "csrc")
         path = pathlib.Path(tmp) / rel
@@ -50,7 +63,7 @@ def run_mutant(name: str, rel: str, old: str, new: str) -> tuple[bool, str]:
             return False, f"pattern found {text.count(old)} times in {rel} (the source changed: update MUTATIONS)"
         path.write_text(text.replace(old, new))
         env = dict(os.environ, SPECDEC_SIMT_SOURCE=tmp, SPECDEC_SIMT_BUILD="opt")
-        proc = subprocess.run([sys.executable, "-m", "pytest", *TESTS], cwd=ROOT, env=env, capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "pytest", *tests], cwd=ROOT, env=env, capture_output=True,
                               text=True)
         out = proc.stdout + proc.stderr
         if "Error building extension" in out:
@@ -65,9 +78,9 @@ def run_mutant(name: str, rel: str, old: str, new: str) -> tuple[bool, str]:
 
 def main() -> int:
     ok = True
-    for name, rel, old, new in MUTATIONS:
+    for name, rel, old, new, tests in MUTATIONS:
         t0 = time.time()
-        caught, msg = run_mutant(name, rel, old, new)
+        caught, msg = run_mutant(name, rel, old, new, tests)
         ok &= caught
         print(f"[{'ok' if caught else 'FAIL'}] {name}: {msg} ({time.time() - t0:.0f} s)", flush=True)
     return 0 if ok else 1

@@ -96,11 +96,16 @@ enum class ShardStep : int8_t { kMax, kTopK, kTopP, kMinP, kSums, kRaces };
 struct ShardPlan {
   static constexpr int kMaxSteps = 1 + 4 + 4 + 1 + 2;
   int n = 0;
+  // The CUDA kernels' protocol (cuda/shard_kernels.cuh): kMax also sends the row's huge flag,
+  // kSums sends covers of (max, sum) PAIRS, the canonical per-tile stats of the CUDA kernels
+  // (a pair tree, not a sum against the row max; see combine_sum). The CPU kernels: false.
+  bool pairs = false;
   ShardStep kind[kMaxSteps] = {};
   int8_t pass[kMaxSteps] = {};  // the radix pass (0..3) of a top-k / top-p step
 
-  SPECDEC_HD static ShardPlan of(bool top_k, bool top_p, bool min_p) {
+  SPECDEC_HD static ShardPlan of(bool top_k, bool top_p, bool min_p, bool pairs = false) {
     ShardPlan p;
+    p.pairs = pairs;
     p.push(ShardStep::kMax, 0);
     for (int8_t r = 0; top_k && r < kRadixPasses; ++r) p.push(ShardStep::kTopK, r);
     for (int8_t r = 0; top_p && r < kRadixPasses; ++r) p.push(ShardStep::kTopP, r);
@@ -124,19 +129,20 @@ SPECDEC_HD bool shard_step_is_int(ShardStep k) {
 }
 
 // A step's output width per (row, position):
-//   kMax   2: max, first argmax (global id)
+//   kMax   2: max, first argmax (global id); pairs: 3, then 1 if a finite logit has |l| >= 2^127
+//          (the CUDA kernels then take the sum against the row max: cuda kHugeLogit)
 //   kTopK  256 counts of the pass's digit;  kTopP 256 counts, then 256 fixed-point masses
 //   kMinP  1: order_key of the smallest logit with e >= min_p (start: the max)
 //   kSums  the shard's cover values (padded to the largest cover), then e_x, q_x of the draft
-//          the shard owns (0 elsewhere)
+//          the shard owns (0 elsewhere); pairs: 2 values per cover node, (max, sum)
 //   kRaces 7: ShardRace
-SPECDEC_HD int64_t shard_step_width(ShardStep k, const ShardLayout& L) {
+SPECDEC_HD int64_t shard_step_width(ShardStep k, const ShardLayout& L, bool pairs = false) {
   switch (k) {
-    case ShardStep::kMax: return 2;
+    case ShardStep::kMax: return pairs ? 3 : 2;
     case ShardStep::kTopK: return kRadixBins;
     case ShardStep::kTopP: return 2 * kRadixBins;
     case ShardStep::kMinP: return 1;
-    case ShardStep::kSums: return L.max_cover_size() + 2;
+    case ShardStep::kSums: return (pairs ? 2 : 1) * L.max_cover_size() + 2;
     default: return 7;
   }
 }
@@ -199,40 +205,51 @@ struct ShardCutSearch {
   float cut = -std::numeric_limits<float>::infinity();  // the cutoff of the passes done
 };
 
+// The histograms of filter step s at (row b, position i) summed over the shards, held by one
+// thread (CPU kernels, the finish step). The CUDA kernels sum them block-wide into shared memory
+// instead (cuda/shard_kernels.cuh BlockHistograms: 3 KB per thread would be local memory).
+struct LocalHistograms {
+  uint32_t count[kRadixBins];
+  uint64_t mass[kRadixBins];
+  SPECDEC_HD void sum(const ShardGathered& g, const ShardLayout& L, int s, int64_t b, int64_t i, bool masses) {
+    for (int d = 0; d < kRadixBins; ++d) {
+      count[d] = 0;
+      mass[d] = 0;
+    }
+    for (int64_t r = 0; r < L.P; ++r) {
+      const int64_t* h = g.at_int(s, r, b, i);
+      for (int d = 0; d < kRadixBins; ++d) {
+        count[d] += static_cast<uint32_t>(h[d]);
+        if (masses) mass[d] += static_cast<uint64_t>(h[kRadixBins + d]);
+      }
+    }
+  }
+};
+
 // Replays the filter steps before step `upto` for (row b, position i) with filters f over a
 // V-token vocabulary (steps of a filter the row does not use are skipped). At upto = the
 // kSums step: the position's cutoff, the one filter_cutoff_reference finds on the whole row.
-SPECDEC_HD ShardCutSearch replay_cut(const ShardGathered& g, const ShardLayout& L, int64_t b, int64_t i,
-                                     const FilterSpec& f, int upto) {
+// Hist: LocalHistograms or the CUDA block's (sum(g, L, s, b, i, masses), then count / mass).
+template <typename Hist>
+SPECDEC_HD ShardCutSearch replay_cut_with(Hist& h, const ShardGathered& g, const ShardLayout& L, int64_t b,
+                                          int64_t i, const FilterSpec& f, int upto) {
   ShardCutSearch c;
   c.k_left = f.top_k;
   const int64_t V = L.vocab();
   for (int s = 1; s < upto; ++s) {
     const ShardStep kind = g.plan.kind[s];
     if (kind == ShardStep::kTopK && f.top_k > 0 && f.top_k < V) {
-      uint32_t count[kRadixBins] = {};
-      for (int64_t r = 0; r < L.P; ++r) {
-        const int64_t* h = g.at_int(s, r, b, i);
-        for (int d = 0; d < kRadixBins; ++d) count[d] += static_cast<uint32_t>(h[d]);
-      }
-      c.topk.descend(topk_digit(count, c.k_left));
+      h.sum(g, L, s, b, i, false);
+      c.topk.descend(topk_digit(h.count, c.k_left));
       if (c.topk.done()) c.cut = c.topk_cut = key_to_float(c.topk.prefix);
     } else if (kind == ShardStep::kTopP && f.top_p < 1.0f) {
-      uint32_t count[kRadixBins] = {};
-      uint64_t mass[kRadixBins] = {};
-      for (int64_t r = 0; r < L.P; ++r) {
-        const int64_t* h = g.at_int(s, r, b, i);
-        for (int d = 0; d < kRadixBins; ++d) {
-          count[d] += static_cast<uint32_t>(h[d]);
-          mass[d] += static_cast<uint64_t>(h[kRadixBins + d]);
-        }
-      }
+      h.sum(g, L, s, b, i, true);
       if (g.plan.pass[s] == 0) {
         uint64_t total = 0;
-        for (int d = 0; d < kRadixBins; ++d) total += mass[d];
+        for (int d = 0; d < kRadixBins; ++d) total += h.mass[d];
         c.limit = topp_limit(f.top_p, total);
       }
-      c.topp.descend(topp_digit(mass, count, c.above, c.limit));
+      c.topp.descend(topp_digit(h.mass, h.count, c.above, c.limit));
       if (c.topp.done()) c.cut = max_cutoff(c.cut, key_to_float(c.topp.prefix));
     } else if (kind == ShardStep::kMinP && f.min_p > 0.0f) {
       uint32_t lo = 0xffffffffu;
@@ -244,6 +261,12 @@ SPECDEC_HD ShardCutSearch replay_cut(const ShardGathered& g, const ShardLayout& 
     }
   }
   return c;
+}
+
+SPECDEC_HD ShardCutSearch replay_cut(const ShardGathered& g, const ShardLayout& L, int64_t b, int64_t i,
+                                     const FilterSpec& f, int upto) {
+  LocalHistograms h;
+  return replay_cut_with(h, g, L, b, i, f, upto);
 }
 
 // The global max (NaN if any shard saw a NaN) and first argmax of (row b, position i).
@@ -266,21 +289,48 @@ SPECDEC_HD void combine_max(const ShardGathered& g, const ShardLayout& L, int64_
   }
 }
 
+// Whether a shard saw a finite logit with |l| >= 2^127 at (row b, position i) (pairs only).
+SPECDEC_HD bool combine_huge(const ShardGathered& g, const ShardLayout& L, int64_t b, int64_t i) {
+  bool huge = false;
+  for (int64_t r = 0; r < L.P; ++r) huge = huge || g.at(0, r, b, i)[2] != 0.0;
+  return huge;
+}
+
+// The (max, sum) pairs of the CUDA kernels' tile tree: stats_merge at the row's 1 / T, whose
+// identity (-inf, 0) merges exactly (verify_math.h).
+struct PairMerge {
+  float inv_t;
+  SPECDEC_HD SoftmaxStats operator()(SoftmaxStats a, SoftmaxStats b) const { return stats_merge(a, b, inv_t); }
+  SPECDEC_HD static SoftmaxStats empty() { return stats_empty(); }
+};
+
 // The global sum of (row b, position i): every shard's cover, in rank order, folded into
-// core/tile_sum.h's canonical tree.
-SPECDEC_HD float combine_sum(const ShardGathered& g, const ShardLayout& L, int64_t b, int64_t i) {
-  TileSumStack sum;
+// core/tile_sum.h's canonical tree: of the sums against the row max (CPU kernels, and the CUDA
+// ones on a huge row), or of the (max, sum) pairs (CUDA kernels). PairStack / SumStack: a
+// TileTreeStack (one thread), or the CUDA kernels' warp-held stack (cuda/tile_stats.cuh
+// WarpTileStack) with the same add_block / total.
+template <typename PairStack, typename SumStack>
+SPECDEC_HD float combine_sum_with(PairStack& pair, SumStack& sum, const ShardGathered& g, const ShardLayout& L,
+                                  int64_t b, int64_t i) {
+  const bool pairs = g.plan.pairs && !combine_huge(g, L, b, i);
   for (int64_t r = 0; r < L.P; ++r) {
     const double* s = g.at(g.plan.sums(), r, b, i);
     const int64_t a = L.first_part(r), end = a + L.part_count(r);
     int64_t c = 0;
     for (int64_t p = a; p < end; ++c) {
       const int lv = tile_cover_level(p, end);
-      sum.add_block(static_cast<float>(s[c]), lv);
+      if (pairs) pair.add_block(SoftmaxStats{static_cast<float>(s[2 * c]), static_cast<float>(s[2 * c + 1])}, lv);
+      else sum.add_block(static_cast<float>(s[g.plan.pairs ? 2 * c + 1 : c]), lv);
       p += int64_t(1) << lv;
     }
   }
-  return sum.total();
+  return pairs ? pair.total().sum : sum.total();
+}
+
+SPECDEC_HD float combine_sum(const ShardGathered& g, const ShardLayout& L, int64_t b, int64_t i, float inv_t = 1.0f) {
+  TileTreeStack<SoftmaxStats, PairMerge> pair(0, PairMerge{inv_t});
+  TileSumStack sum;
+  return combine_sum_with(pair, sum, g, L, b, i);
 }
 
 // e_x and q(x) of the draft x at (row b, position i), from the shard that owns x.
@@ -323,10 +373,12 @@ struct ShardRowPlan {
   int64_t token = -1;    // greedy: the token at j (exact: from the race at j)
 };
 
-// have_sums: kSums's outputs are in g, so exact mode finds its stop (the ratio tests).
-// Without them an exact row is valid as far as kMax can tell.
+// have_sums: kSums's outputs are in g, so exact mode finds its stop (the ratio tests), with
+// sum_of(i, inv_t) the global sum of position i (combine_sum, or the CUDA kernels' warp-held
+// version). Without them an exact row is valid as far as kMax can tell.
+template <typename SumOf>
 SPECDEC_HD ShardRowPlan plan_shard_row(const ShardGathered& g, const ShardLayout& L, const VerifyParams& P,
-                                       int64_t b, bool have_sums) {
+                                       int64_t b, bool have_sums, SumOf&& sum_of) {
   ShardRowPlan plan;
   const float temperature = P.temperature.get(b);
   plan.n = P.drafts_of(b);
@@ -367,12 +419,18 @@ SPECDEC_HD ShardRowPlan plan_shard_row(const ShardGathered& g, const ShardLayout
       float e_x, q_x;
       combine_draft(g, L, b, i, draft[i], e_x, q_x);
       if (bad_prob(q_x)) return plan;
-      accepted = ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, combine_sum(g, L, b, i), e_x);
+      accepted = ratio_test_accepts(accept_uniform(rng, static_cast<uint32_t>(i)), q_x, sum_of(i, plan.inv_t), e_x);
     }
     if (!accepted) plan.j = i;
   }
   plan.valid = plan.j >= 0;
   return plan;
+}
+
+SPECDEC_HD ShardRowPlan plan_shard_row(const ShardGathered& g, const ShardLayout& L, const VerifyParams& P,
+                                       int64_t b, bool have_sums) {
+  return plan_shard_row(g, L, P, b, have_sums,
+                        [&](int64_t i, float inv_t) { return combine_sum(g, L, b, i, inv_t); });
 }
 
 // The parameters of one step on one rank.
@@ -392,14 +450,19 @@ struct ShardParams {
   }
 };
 
-// finish of row b: the tokens (the single-device kernel's outputs for the same row).
-SPECDEC_HD void finish_shard_row(const ShardParams& S, int64_t b) {
+// finish of row b: the tokens (the single-device kernel's outputs for the same row), written
+// when `write` (a CUDA warp computes them in every lane, one lane writes). sum_of: as in
+// plan_shard_row.
+template <typename SumOf>
+SPECDEC_HD void finish_shard_row(const ShardParams& S, int64_t b, SumOf&& sum_of, bool write = true) {
   const VerifyParams& P = S.v;
   int64_t* tokens = P.tokens + b * (P.K + 1);
-  for (int64_t i = 0; i <= P.K; ++i) tokens[i] = -1;
-  P.num_accepted[b] = 0;
-  P.valid[b] = false;
-  ShardRowPlan plan = plan_shard_row(S.g, S.layout, P, b, true);
+  if (write) {
+    for (int64_t i = 0; i <= P.K; ++i) tokens[i] = -1;
+    P.num_accepted[b] = 0;
+    P.valid[b] = false;
+  }
+  ShardRowPlan plan = plan_shard_row(S.g, S.layout, P, b, true, sum_of);
   if (!plan.valid) return;
   const int64_t* draft = P.draft_ids + b * P.K;
   bool bad_q = false;
@@ -413,10 +476,15 @@ SPECDEC_HD void finish_shard_row(const ShardParams& S, int64_t b) {
     plan.token = combine_race(S.g, S.layout, b, plan.j, bad_q);
     if (bad_q) return;
   }
+  if (!write) return;
   for (int64_t i = 0; i < plan.j; ++i) tokens[i] = draft[i];
   tokens[plan.j] = plan.token;
   P.num_accepted[b] = plan.j;
   P.valid[b] = true;
+}
+
+SPECDEC_HD void finish_shard_row(const ShardParams& S, int64_t b) {
+  finish_shard_row(S, b, [&](int64_t i, float inv_t) { return combine_sum(S.g, S.layout, b, i, inv_t); });
 }
 
 }  // namespace specdec

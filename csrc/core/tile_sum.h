@@ -41,40 +41,55 @@ SPECDEC_HD int tile_cover_size(int64_t a, int64_t b) {
   return n;
 }
 
-struct TileSumStack {
+// The tree over any value with a merge `merge(left, right)` and an identity `Merge::empty()`:
+// floats under + (TileSumStack), or (max, sum) softmax pairs under stats_merge (the CUDA
+// kernels' canonical per-tile stats, cuda/sampling_kernels.cuh). An identity that merges
+// EXACTLY (x + 0.0f == x; stats_merge(x, empty) == x bit for bit) makes the tree over T tiles
+// equal to the full tree over the next power of two with the missing tiles empty: that is
+// how a warp reduces it (cuda: merge_stat_blocks).
+template <typename Value, typename Merge>
+struct TileTreeStack {
   static constexpr int kCapacity = 128;  // > 2 * 62 levels: any cover of any tile range
 
   int64_t next;  // the first tile not added yet
   int depth = 0;
+  Merge merge;
   int8_t level[kCapacity];
-  float value[kCapacity];
+  Value value[kCapacity];
 
-  SPECDEC_HD explicit TileSumStack(int64_t first_tile = 0) : next(first_tile) {}
+  SPECDEC_HD explicit TileTreeStack(int64_t first_tile = 0, Merge m = Merge{}) : next(first_tile), merge(m) {}
 
   // One tile's value (tile `next`).
-  SPECDEC_HD void add(float s) { add_block(s, 0); }
+  SPECDEC_HD void add(Value s) { add_block(s, 0); }
 
   // A whole block of 2^L tiles starting at tile `next`, whose value is that block's node
   // (`next` must be a multiple of 2^L). A block completes its left sibling when the two
   // together are aligned to 2^(L+1): they merge as left + right, then the same one level up.
-  SPECDEC_HD void add_block(float s, int L) {
+  SPECDEC_HD void add_block(Value s, int L) {
     next += int64_t(1) << L;
     while (depth > 0 && level[depth - 1] == L && (next & ((int64_t(2) << L) - 1)) == 0) {
-      s = value[--depth] + s;
+      s = merge(value[--depth], s);
       ++L;
     }
     level[depth] = static_cast<int8_t>(L);
     value[depth++] = s;
   }
 
-  // The sum of every tile added since tile 0: the blocks left on the stack, folded from the
+  // The value of every tile added since tile 0: the blocks left on the stack, folded from the
   // right. (Meaningful for a stack started at tile 0; a shard's stack is its cover instead.)
-  SPECDEC_HD float total() const {
-    if (depth == 0) return 0.0f;
-    float s = value[depth - 1];
-    for (int i = depth - 2; i >= 0; --i) s = value[i] + s;
+  SPECDEC_HD Value total() const {
+    if (depth == 0) return Merge::empty();
+    Value s = value[depth - 1];
+    for (int i = depth - 2; i >= 0; --i) s = merge(value[i], s);
     return s;
   }
 };
+
+struct FloatAdd {
+  SPECDEC_HD float operator()(float a, float b) const { return a + b; }
+  SPECDEC_HD static float empty() { return 0.0f; }
+};
+
+using TileSumStack = TileTreeStack<float, FloatAdd>;
 
 }  // namespace specdec

@@ -120,10 +120,9 @@ at::Tensor verify_shard_cpu(const at::Tensor& target_logits, const at::Tensor& d
                             const OptTensor& min_p, const OptTensor& num_drafts, bool coupled,
                             at::IntArrayRef shard_bounds, int64_t rank, int64_t stage, at::TensorList gathered) {
   ShardLaunch L;
-  prepare_verify_shard(L, target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
-                       SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, shard_bounds, rank, stage, gathered);
-  TORCH_CHECK_VALUE(L.params.step < L.params.g.plan.n || stage == 0, "stage ", stage,
-                    " is verify_shard_finish's (the last step is ", L.params.g.plan.n, ")");
+  prepare_shard_step(L, target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
+                     SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, shard_bounds, rank, stage, gathered,
+                     /*cuda_kernels=*/false, HostChecks::kCpuTensors);
   run_verify_shard(L, stage);
   return L.out;
 }
@@ -134,14 +133,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_shard_finish_cpu(
     const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled,
     at::IntArrayRef shard_bounds, int64_t rank, at::TensorList gathered) {
   ShardLaunch L;
-  const int64_t world = static_cast<int64_t>(shard_bounds.size()) - 1;
-  const int64_t stage = world > 0 ? static_cast<int64_t>(gathered.size()) / world + 1 : 1;
-  prepare_verify_shard(L, target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
-                       SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, shard_bounds, rank, stage, gathered);
-  TORCH_CHECK_VALUE(L.params.step == L.params.g.plan.n, "gathered must hold the outputs of all ",
-                    L.params.g.plan.n, " steps of all P = ", world, " ranks (", L.params.g.plan.n * world,
-                    " tensors), got ", gathered.size());
-  run_verify_shard(L, stage);
+  prepare_shard_finish(L, target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
+                       SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, shard_bounds, rank, gathered,
+                       /*cuda_kernels=*/false, HostChecks::kCpuTensors);
+  run_verify_shard(L, L.params.step + 1);
   return {L.verify.tokens, L.verify.num_accepted, L.verify.valid};
 }
 

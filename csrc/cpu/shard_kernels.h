@@ -189,7 +189,7 @@ void shard_step_rows(const ShardParams& S) {
     }
     // kRaces (coupled: the target's own sample at every usable position)
     const RowRng rng = make_row_rng(P.rnd, b);
-    auto stats = [&](int64_t i) { return SoftmaxStats{max_of(i), combine_sum(S.g, S.layout, b, i)}; };
+    auto stats = [&](int64_t i) { return SoftmaxStats{max_of(i), combine_sum(S.g, S.layout, b, i, plan.inv_t)}; };
     if (plan.coupled) {
       for (int64_t i = 0; i < plan.usable; ++i)
         store_race(out + i * W, race_shard<TL, float>(logits + i * P.logits_stride_k, start, end, plan.inv_t,

@@ -1,5 +1,5 @@
-// CUDA launchers of specdec::verify, sample, filtered_probs, mask_logits, logprobs and verify_tree: the torch
-// side only.
+// CUDA launchers of specdec::verify, sample, filtered_probs, mask_logits, logprobs, verify_tree and
+// verify_shard / verify_shard_finish: the torch side only.
 // Shared argument handling (sampling_args.cpp), the stream, and one workspace
 // tensor from torch's caching allocator (kept alive until the launches are queued:
 // the allocator orders its reuse on the stream); the launches themselves are
@@ -16,6 +16,7 @@
 
 #include "../sampling_args.h"
 #include "sampling_launch.cuh"
+#include "shard_launch.cuh"
 #include "tree_launch.cuh"
 
 namespace specdec::cuda {
@@ -114,6 +115,60 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(
   return {L.tokens, L.path, L.num_accepted, L.valid};
 }
 
+// The tables the shard kernels read through ShardParams (the shard bounds, each gathered
+// step's P pointers) copied to the device: a pinned host buffer and a non-blocking copy on the
+// current stream (no host sync; the caching host allocator keeps the buffer until the copy
+// ran). The returned tensor must outlive the launch being queued.
+at::Tensor device_tables(ShardLaunch& L, const at::Tensor& like) {
+  const int64_t P = L.params.layout.P;
+  const int steps = L.params.g.plan.n;
+  at::Tensor host = at::empty({P + 1 + steps * P}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  int64_t* h = host.mutable_data_ptr<int64_t>();
+  for (int64_t r = 0; r <= P; ++r) h[r] = L.bounds[r];
+  for (int s = 0; s < steps; ++s)
+    for (int64_t r = 0; r < P; ++r)
+      h[P + 1 + s * P + r] = L.gathered[s].empty() ? 0 : static_cast<int64_t>(reinterpret_cast<intptr_t>(L.gathered[s][r]));
+  at::Tensor dev = host.to(like.device(), /*non_blocking=*/true);
+  const int64_t* d = dev.const_data_ptr<int64_t>();
+  L.params.layout.bounds = d;
+  for (int s = 0; s < steps; ++s)
+    if (!L.gathered[s].empty()) L.params.g.step[s] = reinterpret_cast<const void* const*>(d + P + 1 + s * P);
+  return dev;
+}
+
+void run_shard(ShardLaunch& L, const at::Tensor& target_logits) {
+  const at::Tensor tables = device_tables(L, target_logits);
+  launch_verify_shard(L.params, L.verify.logits_dtype, L.verify.probs_dtype, current_stream(target_logits));
+}
+
+at::Tensor verify_shard_cuda(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+                             const OptTensor& draft_probs, const at::Tensor& temperature, const at::Tensor& seed,
+                             const at::Tensor& offset, const OptTensor& top_k, const OptTensor& top_p,
+                             const OptTensor& min_p, const OptTensor& num_drafts, bool coupled,
+                             at::IntArrayRef shard_bounds, int64_t rank, int64_t stage, at::TensorList gathered) {
+  const c10::cuda::CUDAGuard guard(target_logits.device());
+  ShardLaunch L;
+  prepare_shard_step(L, target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
+                     SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, shard_bounds, rank, stage, gathered,
+                     /*cuda_kernels=*/true, HostChecks::kCpuTensors);
+  if (stage > 0 && L.params.v.B > 0) run_shard(L, target_logits);
+  return L.out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_shard_finish_cuda(
+    const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
+    const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& top_k,
+    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled,
+    at::IntArrayRef shard_bounds, int64_t rank, at::TensorList gathered) {
+  const c10::cuda::CUDAGuard guard(target_logits.device());
+  ShardLaunch L;
+  prepare_shard_finish(L, target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
+                       SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, shard_bounds, rank, gathered,
+                       /*cuda_kernels=*/true, HostChecks::kCpuTensors);
+  if (L.params.v.B > 0) run_shard(L, target_logits);
+  return {L.verify.tokens, L.verify.num_accepted, L.verify.valid};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
@@ -123,6 +178,8 @@ TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("mask_logits", &mask_logits_cuda);
   m.impl("logprobs", &logprobs_cuda);
   m.impl("verify_tree", &verify_tree_cuda);
+  m.impl("verify_shard", &verify_shard_cuda);
+  m.impl("verify_shard_finish", &verify_shard_finish_cuda);
 }
 
 }  // namespace specdec::cuda

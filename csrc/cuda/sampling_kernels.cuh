@@ -79,6 +79,7 @@
 #include "block_reduce.cuh"
 #include "launch_plan.h"
 #include "shared_memory.cuh"
+#include "tile_stats.cuh"
 
 namespace specdec::cuda {
 
@@ -89,7 +90,6 @@ __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(ProbAsLogit x) { return static_cast<float>(x); }  // log p
 
-constexpr float kInf = __builtin_huge_valf();
 static_assert(kStatBlock % kRaceTile == 0, "stat blocks hold whole race tiles");
 
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -149,7 +149,7 @@ __device__ __forceinline__ void load4(const T* p, int64_t v0, int64_t V, bool ve
 // sum of exp((l - max) * inv_t)) plus the first argmax.
 // ChunkStats::flags
 constexpr int kBadLogit = 1;   // a NaN or +inf logit was seen: the row is invalid
-constexpr int kHugeLogit = 2;  // a logit that weighs in the sum has |l| >= 2^127 (merge_row_stats)
+constexpr int kHugeLogit = 2;  // a finite logit has |l| >= 2^127 (merge_row_stats)
 
 struct ChunkStats {
   float max;    // max logit over the finite and -inf logits (-inf if none)
@@ -160,6 +160,10 @@ struct ChunkStats {
 
   __device__ __forceinline__ ChunkStats shfl(int m) const {
     return ChunkStats{shfl_xor(max, m), shfl_xor(sum, m), shfl_xor(sum1, m), shfl_xor(flags, m), shfl_xor(arg, m)};
+  }
+  __device__ __forceinline__ ChunkStats from_lane(int src) const {
+    return ChunkStats{shfl_from(max, src), shfl_from(sum, src), shfl_from(sum1, src), shfl_from(flags, src),
+                      shfl_from(arg, src)};
   }
   __device__ static ChunkStats empty() { return ChunkStats{-kInf, 0.0f, 0.0f, 0, INT64_MAX}; }
   __device__ __forceinline__ bool bad() const { return (flags & kBadLogit) != 0; }
@@ -177,12 +181,62 @@ struct StatsMerge {
   __device__ ChunkStats operator()(const ChunkStats& a, const ChunkStats& b) const { return merge_stats(a, b, inv_t); }
 };
 
+// Max, first argmax and flags of a lane's tokens (MaxArg with the flags ORed).
+struct MaxArgFlags {
+  float m;
+  int flags;
+  int64_t arg;
+  __device__ __forceinline__ MaxArgFlags shfl(int k) const {
+    return MaxArgFlags{shfl_xor(m, k), shfl_xor(flags, k), shfl_xor(arg, k)};
+  }
+};
+struct MaxArgFlagsMerge {
+  __device__ MaxArgFlags operator()(const MaxArgFlags& a, const MaxArgFlags& b) const {
+    const bool take_b = b.m > a.m || (b.m == a.m && b.arg < a.arg);
+    return MaxArgFlags{take_b ? b.m : a.m, a.flags | b.flags, take_b ? b.arg : a.arg};
+  }
+};
+
+// The node of a stat block's 8 race tiles (tile_stats.cuh: the canonical tile pairs merged in
+// the dyadic tree), from the lane's N * W tokens as stat_block holds them (NaN / +inf already
+// -inf). fp32 (W = 4): the tokens of vector j of every lane are tile j; 16-bit (W = 8):
+// vector j of lanes 0-15 is tile 2j, of lanes 16-31 tile 2j + 1. Warp-wide.
+template <int N, int W>
+__device__ __forceinline__ TileStats stat_block_node(const float* x, float inv_t, float cut, bool want_sum,
+                                                      bool want_raw) {
+  const TileMerge merge{inv_t, want_raw};
+  constexpr int kPerLevel = W == 4 ? 1 : 2;  // tiles per step j
+  constexpr int kLevels = (W == 4 ? 3 : 2);  // levels above the steps' nodes: 8 = 2^3 tiles, 4 = 2^2 pairs
+  TileStats pending[kLevels];
+  TileStats node = TileStats::empty();
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    TileStats v;
+    if constexpr (kPerLevel == 1) {
+      v = tile_stats<W, 32>(x + j * W, cut, inv_t, want_sum, want_raw);
+    } else {
+      const TileStats t = tile_stats<W, 16>(x + j * W, cut, inv_t, want_sum, want_raw);
+      v = merge(t, t.shfl(16));  // tiles 2j and 2j + 1 (merge commutes: both halves get the node)
+    }
+#pragma unroll
+    for (int d = 0; d < kLevels; ++d) {  // j is a compile-time constant: no run-time index
+      if (!((j >> d) & 1)) {
+        pending[d] = v;
+        break;
+      }
+      v = merge(pending[d], v);
+    }
+    if (j == N - 1) node = v;
+  }
+  return node;
+}
+
 // Stats of stat block `blk` of one row (warp-wide; every lane gets the result).
 // Lane l owns vectors j * 32 + l (j < N) of 16 / sizeof(T) tokens: all its loads
 // are issued before the first use. Then, per lane, in increasing token order:
 // NaN / +inf -> bad (and no mass), -inf -> masked; max of the raw logits with the
-// first index of the max; sum of shifted_exp against that lane max. Lanes merge
-// by the fixed butterfly of warp_reduce. vec: 16-byte loads (the launcher checked
+// first index of the max (the warp merges those by a butterfly); the sum is the canonical
+// node of the block's tiles (stat_block_node). vec: 16-byte loads (the launcher checked
 // alignment and V % (16 / sizeof(T)) == 0); else scalar loads of the same tokens.
 // cut: the position's filter cutoff (-inf = none): logits below it weigh 0 in the sum
 // (filtered_logit); the max and argmax are those of the raw logits (the max survives).
@@ -194,6 +248,7 @@ __device__ __forceinline__ ChunkStats stat_block(const T* row, int64_t V, int64_
   constexpr int W = 16 / sizeof(T);              // tokens per 16-byte vector
   constexpr int N = kStatBlock / (32 * W);       // vectors per lane: 8 (fp32), 4 (16-bit)
   static_assert(N * W * 32 == kStatBlock, "a stat block is whole vectors of every lane");
+  static_assert(W * 32 == kRaceTile || W * 16 == kRaceTile, "a tile is one vector of 32 lanes or of 16");
   const int lane = threadIdx.x & 31;
   const int64_t base = blk * kStatBlock;
   float x[N * W];
@@ -229,43 +284,31 @@ __device__ __forceinline__ ChunkStats stat_block(const T* row, int64_t V, int64_
       flags = kBadLogit;
       xk = -kInf;
     }
+    if (xk != -kInf && fabsf(xk) >= 0x1p127f) flags |= kHugeLogit;
     x[k] = xk;
     if (xk > m) {  // strict: a tie keeps the earlier token
       m = xk;
       arg = k;
     }
   }
-  float sum = 0.0f, sum1 = 0.0f;
-  if (want_sum && m != -kInf) {
-    bool huge = false;
-#pragma unroll
-    for (int k = 0; k < N * W; ++k) {  // exp(-inf) = 0 for masked and filtered tokens
-      const float xf = filtered_logit(x[k], cut);
-      sum += shifted_exp(xf, m, inv_t);
-      huge |= xf != -kInf && fabsf(xf) >= 0x1p127f;
-    }
-    if (want_raw && (inv_t != 1.0f || cut != -kInf)) {  // warp-uniform
-#pragma unroll
-      for (int k = 0; k < N * W; ++k) {
-        sum1 += shifted_exp(x[k], m, 1.0f);
-        huge |= x[k] != -kInf && fabsf(x[k]) >= 0x1p127f;
-      }
-    } else {
-      sum1 = want_raw ? sum : 0.0f;
-    }
-    if (huge) flags |= kHugeLogit;
-  }
   const int64_t tok = arg < 0 ? INT64_MAX : base + static_cast<int64_t>((arg / W) * 32 + lane) * W + arg % W;
-  return warp_reduce(ChunkStats{m, sum, sum1, flags, tok}, StatsMerge{inv_t});
+  const MaxArgFlags mf = warp_reduce(MaxArgFlags{m, flags, tok}, MaxArgFlagsMerge{});
+  const TileStats node = stat_block_node<N, W>(x, inv_t, cut, want_sum, want_raw);
+  return ChunkStats{mf.m, node.sum, node.sum1, mf.flags, mf.arg};
 }
 
-// Merge the stat blocks [0, nblk) of one row-position (warp-wide, fixed order:
-// lane l takes l, l + 32, ... left to right, then the butterfly).
+// Merge the stat blocks [0, nblk) of one row-position (warp-wide): the dyadic tree over the
+// blocks (the tiles' tree one level up), as groups of 32 blocks merged by the ascending
+// butterfly (missing blocks empty: an exact identity) and the groups' nodes in a
+// WarpTreeStack.
 __device__ __forceinline__ ChunkStats merge_stat_blocks(const ChunkStats* blocks, int64_t nblk, float inv_t) {
   const int lane = threadIdx.x & 31;
-  ChunkStats st = ChunkStats::empty();
-  for (int64_t k = lane; k < nblk; k += 32) st = merge_stats(st, blocks[k], inv_t);
-  return warp_reduce(st, StatsMerge{inv_t});
+  WarpTreeStack<ChunkStats, StatsMerge> tree(StatsMerge{inv_t}, ChunkStats::empty());
+  for (int64_t g = 0; g * 32 < nblk; ++g) {
+    const int64_t k = g * 32 + lane;
+    tree.push(warp_tree(k < nblk ? blocks[k] : ChunkStats::empty(), StatsMerge{inv_t}));
+  }
+  return tree.total(ChunkStats::empty());
 }
 
 struct RacePair {
@@ -365,29 +408,27 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// The merged stats of one row-position (warp-wide; every lane gets them). The stat
-// blocks' sums are taken against each lane's own max and rescaled by
-// shifted_exp(lane max, row max) when merged: that is the documented
-// s = sum exp((x - m) * inv_t) (verify_math.h) up to rounding, EXCEPT where x - m
-// overflows float (logits more than FLT_MAX apart; it matters at T >~ 3e36): the
-// formula then gives exp(-inf) = 0, the rescaled lane sum a positive term. That needs
-// a weighing logit (the max included) with |l| >= 2^127 (kHugeLogit): such a
-// row-position takes s from the logits with the formula itself, a rare, slower path
-// (one warp reads the row once more, scalar loads), never taken for |logits| < 2^127.
+// The merged stats of one row-position (warp-wide; every lane gets them): the tile tree of
+// pairs (merge_stat_blocks), that is the documented s = sum exp((x - m) * inv_t)
+// (verify_math.h) up to rounding, EXCEPT where x - m overflows float (logits more than
+// FLT_MAX apart; it matters at T >~ 3e36): the formula then gives exp(-inf) = 0, a pair
+// rescaled to the row max a positive term. That needs a finite logit with |l| >= 2^127
+// (kHugeLogit): such a row-position takes s from the logits with the formula itself, per
+// tile against the row max and the tiles in the same tree (huge_tile_sums; a shard computes
+// the same), a rare, slower path (one warp reads the row once more, scalar loads), never
+// taken for |logits| < 2^127.
 template <typename T>
 __device__ ChunkStats merge_row_stats(const ChunkStats* blocks, int64_t nblk, float inv_t, const T* row, int64_t V,
                                       float cut) {
   ChunkStats st = merge_stat_blocks(blocks, nblk, inv_t);
   if (st.flags == kHugeLogit && st.sum > 0.0f) {  // warp-uniform
-    float s = 0.0f, s1 = 0.0f;
+    WarpTreeStack<SumPair, SumPairAdd> tree(SumPairAdd{}, SumPair{0.0f, 0.0f});
+    const auto at = [row](int64_t v) { return to_float(row[v]); };
 #pragma unroll 1
-    for (int64_t v = threadIdx.x & 31; v < V; v += 32) {
-      const float x = to_float(row[v]);
-      s += shifted_exp(filtered_logit(x, cut), st.max, inv_t);
-      s1 += shifted_exp(x, st.max, 1.0f);
-    }
-    st.sum = warp_sum(s);
-    if (st.sum1 > 0.0f) st.sum1 = warp_sum(s1);  // raw token_logprobs asked (sum1 is >= 1 then)
+    for (int64_t t = 0; t * kRaceTile < V; ++t) tree.push(huge_tile_sums(at, t, 0, V, st.max, inv_t, cut));
+    const SumPair s = tree.total(SumPair{0.0f, 0.0f});
+    st.sum = s.s;
+    if (st.sum1 > 0.0f) st.sum1 = s.s1;  // raw token_logprobs asked (sum1 is >= 1 then)
   }
   return st;
 }
@@ -460,24 +501,19 @@ struct RaceBestMerge {
   }
 };
 
-// Fine race (warp-wide) inside tile `tile`: token = argmax weight_v / E_v over
-// tokens of positive weight; -1 if none (cannot happen for a tile the coarse
-// race picked). Same value in every lane.
-template <typename T, typename TQ>
-__device__ int64_t warp_fine_race(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t V, int64_t tile,
-                                  bool use_p, float inv_t, float max_l, float inv_s, float cut, const RowRng& rng,
-                                  uint32_t token_stream, uint32_t position, const Workspace& W) {
-  const int lane = threadIdx.x & 31;
-  const int64_t v0 = tile * kRaceTile + 4 * lane;
-  float x[4], q[4], w[4], p[4];
-  int bad = 0;
-  load_lane_tokens(row, q_row, v0, V, W.vec_logits != 0, W.vec_q != 0, x, q);
-  token_weights(x, q, q_mode, draft, v0, inv_t, max_l, inv_s, cut, w, p, bad);
+// The fine race's winner (warp-wide): over every lane's 4 tokens v0 .. v0 + 3 (global ids)
+// inside [lo, hi), with weights p (use_p) or w (the residual), the token of the largest
+// weight / E_v among those of positive weight (E_v: the token's Philox exponential), ties to
+// the lower token; -1 if none. Same value in every lane. (The weight is selected per element:
+// a pointer to one of the two arrays would put both in local memory.)
+__device__ __forceinline__ int64_t warp_fine_winner(const float w[4], const float p[4], bool use_p, int64_t v0,
+                                                     int64_t lo, int64_t hi, const RowRng& rng, uint32_t token_stream,
+                                                     uint32_t position) {
   const Philox4 r = rng.block(token_stream, position, static_cast<uint32_t>(v0 >> 2));
   RaceBestShfl best{0.0f, -1};
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    if (v0 + k >= V) break;
+    if (v0 + k < lo || v0 + k >= hi) continue;
     const float key = (use_p ? p[k] : w[k]) / exponential_from_bits(r.x[k]);
     if (key > 0.0f && (best.index < 0 || race_better(key, v0 + k, RaceBest{best.key, best.index})))
       best = RaceBestShfl{key, v0 + k};
@@ -488,6 +524,21 @@ __device__ int64_t warp_fine_race(const T* row, const TQ* q_row, QMode q_mode, i
     return RaceBestMerge{}(a, b);
   });
   return best.index;
+}
+
+// Fine race (warp-wide) inside tile `tile`: token = argmax weight_v / E_v over
+// tokens of positive weight; -1 if none (cannot happen for a tile the coarse
+// race picked). Same value in every lane.
+template <typename T, typename TQ>
+__device__ int64_t warp_fine_race(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t V, int64_t tile,
+                                  bool use_p, float inv_t, float max_l, float inv_s, float cut, const RowRng& rng,
+                                  uint32_t token_stream, uint32_t position, const Workspace& W) {
+  const int64_t v0 = tile * kRaceTile + 4 * (threadIdx.x & 31);
+  float x[4], q[4], w[4], p[4];
+  int bad = 0;
+  load_lane_tokens(row, q_row, v0, V, W.vec_logits != 0, W.vec_q != 0, x, q);
+  token_weights(x, q, q_mode, draft, v0, inv_t, max_l, inv_s, cut, w, p, bad);
+  return warp_fine_winner(w, p, use_p, v0, 0, V, rng, token_stream, position);
 }
 
 // ----------------------------------------------------------------------------
@@ -1194,6 +1245,48 @@ __device__ __forceinline__ void clear_histogram(uint32_t* count, unsigned long l
   __syncthreads();
 }
 
+// One top-k counting pass (block-wide): count[d] = the tokens whose order key is in the
+// search's bucket and has digit d. Ends with a barrier: every thread may read count.
+template <typename T>
+__device__ void topk_count_pass(const T* row, int64_t V, bool vec, const RadixState& s, uint32_t* count) {
+  clear_histogram(count, nullptr);
+  for_each_token(row, V, vec, [&](float x) {
+    const uint32_t key = order_key(x);
+    if (s.in_bucket(key)) atomicAdd(&count[s.digit(key)], 1u);
+  });
+  __syncthreads();
+}
+
+// One top-p mass pass (block-wide) over the tokens >= topk_cut (top-p runs on the top-k
+// survivors): count[d] and the fixed-point mass[d] of e = shifted_exp(x, m, inv_t) of the
+// tokens in the search's bucket with digit d. Ends with a barrier.
+template <typename T>
+__device__ void topp_mass_pass(const T* row, int64_t V, bool vec, const RadixState& s, float topk_cut, float m,
+                               float inv_t, uint32_t* count, unsigned long long* mass) {
+  clear_histogram(count, mass);
+  for_each_token(row, V, vec, [&](float x) {
+    const uint32_t key = order_key(x);
+    if (x < topk_cut || !s.in_bucket(key)) return;
+    const int d = s.digit(key);
+    atomicAdd(&count[d], 1u);
+    const uint64_t e = fixed_mass(shifted_exp(x, m, inv_t));
+    if (e) atomicAdd(&mass[d], static_cast<unsigned long long>(e));
+  });
+  __syncthreads();
+}
+
+// min-p's bound (block-wide; every thread gets it): the smallest logit with
+// shifted_exp(x, m, inv_t) >= min_p, m itself if none is smaller (the max qualifies: e = 1).
+template <typename T>
+__device__ float minp_bound_block(const T* row, int64_t V, bool vec, float m, float inv_t, float min_p,
+                                  MinVal* scratch) {
+  MinVal lo{m};
+  for_each_token(row, V, vec, [&](float x) {
+    if (x < lo.v && shifted_exp(x, m, inv_t) >= min_p) lo.v = x;
+  });
+  return block_reduce(lo, MinMerge{}, scratch).v;
+}
+
 // The cutoff of one row position with finite max m (block-wide; every thread
 // returns it): filter_cutoff_reference's passes over block-wide histograms.
 template <typename T>
@@ -1204,12 +1297,7 @@ __device__ float block_cutoff(const T* row, int64_t V, bool vec, float m, float 
     RadixState s;
     int64_t k_left = f.top_k;
     while (!s.done()) {
-      clear_histogram(count, nullptr);
-      for_each_token(row, V, vec, [&](float x) {
-        const uint32_t key = order_key(x);
-        if (s.in_bucket(key)) atomicAdd(&count[s.digit(key)], 1u);
-      });
-      __syncthreads();
+      topk_count_pass(row, V, vec, s, count);
       s.descend(topk_digit(count, k_left));  // the same digit in every thread (same counts)
     }
     cut = key_to_float(s.prefix);
@@ -1221,16 +1309,7 @@ __device__ float block_cutoff(const T* row, int64_t V, bool vec, float m, float 
     uint64_t above = 0;
     double limit = 0.0;
     while (!s.done()) {
-      clear_histogram(count, mass);
-      for_each_token(row, V, vec, [&](float x) {
-        const uint32_t key = order_key(x);
-        if (x < cut || !s.in_bucket(key)) return;  // top-p runs on the top-k survivors
-        const int d = s.digit(key);
-        atomicAdd(&count[d], 1u);
-        const uint64_t e = fixed_mass(shifted_exp(x, m, inv_t));
-        if (e) atomicAdd(&mass[d], static_cast<unsigned long long>(e));
-      });
-      __syncthreads();
+      topp_mass_pass(row, V, vec, s, cut, m, inv_t, count, mass);
       if (s.bits == 0) {  // the first pass holds every survivor: the total mass
         uint64_t total = 0;
         for (int d = 0; d < kRadixBins; ++d) total += msum[d];
@@ -1240,14 +1319,7 @@ __device__ float block_cutoff(const T* row, int64_t V, bool vec, float m, float 
     }
     cut = max_cutoff(cut, key_to_float(s.prefix));
   }
-  if (f.min_p > 0.0f) {  // the smallest logit with e >= min_p (the max qualifies: e = 1)
-    MinVal lo{m};
-    for_each_token(row, V, vec, [&](float x) {
-      if (x < lo.v && shifted_exp(x, m, inv_t) >= f.min_p) lo.v = x;
-    });
-    lo = block_reduce(lo, MinMerge{}, scratch);
-    cut = max_cutoff(cut, lo.v);
-  }
+  if (f.min_p > 0.0f) cut = max_cutoff(cut, minp_bound_block(row, V, vec, m, inv_t, f.min_p, scratch));
   return cut;
 }
 

@@ -18,6 +18,7 @@
 
 #include "../cuda/kv_launch.cuh"
 #include "../cuda/sampling_launch.cuh"
+#include "../cuda/shard_launch.cuh"
 #include "../cuda/tree_launch.cuh"
 
 namespace specdec::simt_ops {
@@ -59,6 +60,10 @@ void filtered(const SampleParams& P, DType logits_dtype) {
 }
 
 void logprobs(const LogprobParams& P, DType logits_dtype) { cuda::launch_logprobs(P, logits_dtype, nullptr); }
+
+void verify_shard(const ShardParams& S, DType logits_dtype, DType probs_dtype) {
+  cuda::launch_verify_shard(S, logits_dtype, probs_dtype, nullptr);
+}
 
 void verify_tree(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype) {
   SeparateBuffers ws;

@@ -8,6 +8,7 @@
 #include "../core/kv_cache.h"
 #include "../core/logprob_math.h"
 #include "../core/sampling_params.h"
+#include "../core/shard_math.h"
 #include "../core/tree_params.h"
 
 namespace specdec::simt_ops {
@@ -18,6 +19,8 @@ void verify(const VerifyParams& P, DType logits_dtype, DType probs_dtype);
 void sample(const SampleParams& P, DType logits_dtype);
 void filtered(const SampleParams& P, DType logits_dtype);  // launch_filtered: filtered_probs / mask_logits
 void logprobs(const LogprobParams& P, DType logits_dtype);  // launch_logprobs (B * P > 0)
+// shard_launch.cuh: launch_verify_shard (P.v.B > 0): a step of verify_shard, or finish
+void verify_shard(const ShardParams& S, DType logits_dtype, DType probs_dtype);
 // tree_launch.cuh: launch_verify_tree (P.B > 0)
 void verify_tree(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
 

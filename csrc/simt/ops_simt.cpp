@@ -104,6 +104,42 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree_simt(
   return {L.tokens, L.path, L.num_accepted, L.valid};
 }
 
+// verify_shard / verify_shard_finish on the CUDA kernels (ShardPlan::pairs), as the CUDA
+// launcher runs them; the tables stay in host memory here.
+at::Tensor verify_shard_simt(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+                             const OptTensor& draft_probs, const at::Tensor& temperature, const at::Tensor& seed,
+                             const at::Tensor& offset, const OptTensor& top_k, const OptTensor& top_p,
+                             const OptTensor& min_p, const OptTensor& num_drafts, bool coupled,
+                             at::IntArrayRef shard_bounds, int64_t rank, int64_t stage, at::TensorList gathered) {
+  ShardLaunch L;
+  prepare_shard_step(L, target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
+                     SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, shard_bounds, rank, stage, gathered,
+                     /*cuda_kernels=*/true, HostChecks::kScalarsOnly);
+  if (stage > 0 && L.params.v.B > 0) {
+    if (L.out.scalar_type() == at::kLong) L.out.fill_(kUnwritten);
+    else L.out.view(at::kLong).fill_(kUnwritten);
+    verify_shard(L.params, L.verify.logits_dtype, L.verify.probs_dtype);
+  }
+  return L.out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_shard_finish_simt(
+    const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
+    const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& top_k,
+    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool coupled,
+    at::IntArrayRef shard_bounds, int64_t rank, at::TensorList gathered) {
+  ShardLaunch L;
+  prepare_shard_finish(L, target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
+                       SamplingFilters{top_k, top_p, min_p}, num_drafts, coupled, shard_bounds, rank, gathered,
+                       /*cuda_kernels=*/true, HostChecks::kScalarsOnly);
+  if (L.params.v.B > 0) {
+    L.verify.tokens.fill_(kUnwritten);
+    L.verify.num_accepted.fill_(kUnwritten);
+    verify_shard(L.params, L.verify.logits_dtype, L.verify.probs_dtype);
+  }
+  return {L.verify.tokens, L.verify.num_accepted, L.verify.valid};
+}
+
 void kv_append_simt(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& new_k, const at::Tensor& new_v,
                     const at::Tensor& lengths, const OptTensor& overflow) {
   kv_append(kv::prepare_kv_append(key_cache, value_cache, new_k, new_v, lengths, overflow).p);
@@ -161,6 +197,8 @@ TORCH_LIBRARY_IMPL(specdec_simt, CPU, m) {
   m.impl("mask_logits", &mask_logits_simt);
   m.impl("logprobs", &logprobs_simt);
   m.impl("verify_tree", &verify_tree_simt);
+  m.impl("verify_shard", &verify_shard_simt);
+  m.impl("verify_shard_finish", &verify_shard_finish_simt);
   m.impl("kv_append_", &kv_append_simt);
   m.impl("kv_rollback_", &kv_rollback_simt);
   m.impl("paged_kv_append_", &paged_kv_append_simt);

@@ -11,9 +11,10 @@ P ranks (gloo, one CPU thread each, spawned on this machine) each hold [B, K+1, 
 Columns: the median time per call on rank 0 (each rank makes the same fixed number of calls,
 so the collectives line up), the bytes each rank hands to the collectives per call, and the
 ratios gather / ours. On this CPU with gloo over loopback the wire is memory: on a real
-interconnect the byte column is what scales.
+interconnect the byte column is what scales. ``--backend nccl``: one GPU per rank (needs P
+GPUs), CUDA tensors and the CUDA kernels, times taken after a device synchronize.
 
-    python -m specdec_ext.bench distributed [--quick] [--world P] [--json PATH]
+    python -m specdec_ext.bench distributed [--quick] [--world P] [--backend gloo|nccl] [--json PATH]
 """
 import argparse
 import statistics
@@ -37,20 +38,24 @@ HEADER = (f"{'P':>2}{'B':>5}{'V':>8}  {'ours ms':>9}  {'gather ms':>9}  {'x time
           f"{'gather bytes':>12}  {'x bytes':>8}")
 
 
-def _median_seconds(fn, reps: int) -> float:
+def _median_seconds(fn, reps: int, sync) -> float:
     """Median of ``reps`` timed calls after 2 warm-ups; every rank runs the same count."""
     for _ in range(2):
         fn()
     times = []
     for _ in range(reps):
         dist.barrier()
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def rank_rows(rank: int, world: int, grid: Dict[str, list], reps: int) -> List[dict]:
+def rank_rows(rank: int, world: int, grid: Dict[str, list], reps: int, device: str = "cpu") -> List[dict]:
+    dev = torch.device(f"cuda:{rank}" if device == "cuda" else "cpu")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     rows = []
     for V in grid["V"]:
         bounds = sd.even_bounds(V, world)
@@ -58,23 +63,23 @@ def rank_rows(rank: int, world: int, grid: Dict[str, list], reps: int) -> List[d
         for B in grid["B"]:
             g = torch.Generator().manual_seed(B + V)
             logits = torch.randn(B, K_DRAFTS + 1, V, generator=g) * 3
-            drafts = logits[:, :K_DRAFTS].argmax(-1)
-            local = logits[..., s:e].contiguous()
+            drafts = logits[:, :K_DRAFTS].argmax(-1).to(dev)
+            local = logits[..., s:e].contiguous().to(dev)
 
             def ours():
                 return sd.verify(local, drafts, None, T, vocab_start=s, vocab_size=V, seed=1)
 
             def gather():
-                parts = [torch.empty(B, K_DRAFTS + 1, bounds[r + 1] - bounds[r]) for r in range(world)]
+                parts = [torch.empty(B, K_DRAFTS + 1, bounds[r + 1] - bounds[r], device=dev) for r in range(world)]
                 dist.all_gather(parts, local)
                 return specdec_ext.verify(torch.cat(parts, -1), drafts, None, T, seed=1)
 
             assert torch.equal(ours().tokens, gather().tokens)  # the same tokens (128-aligned shards)
             with sd.count_bytes() as c:
                 ours()
-            t_ours, t_gather = _median_seconds(ours, reps), _median_seconds(gather, reps)
+            t_ours, t_gather = _median_seconds(ours, reps, sync), _median_seconds(gather, reps, sync)
             gather_bytes = local.numel() * local.element_size()
-            row = dict(op="verify", P=world, B=B, K=K_DRAFTS, V=V, fused_s=t_ours, gather_s=t_gather,
+            row = dict(op="verify", device=device, P=world, B=B, K=K_DRAFTS, V=V, fused_s=t_ours, gather_s=t_gather,
                        speedup=t_gather / t_ours, bytes=c.bytes, collectives=c.calls, gather_bytes=gather_bytes,
                        bytes_ratio=gather_bytes / c.bytes)
             row.update(machine_load())
@@ -89,18 +94,21 @@ def main(argv=None) -> int:
     ap.add_argument("--world", type=int, default=2, help="ranks (processes), default 2")
     ap.add_argument("--reps", type=int, default=REPS, help=f"timed calls per row and rank (default {REPS})")
     ap.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
-                    help="gloo on CPU tensors (nccl: not yet, the distributed ops take CPU tensors so far)")
+                    help="gloo: CPU tensors; nccl: CUDA tensors, rank r on GPU r (needs --world GPUs)")
     ap.add_argument("--json", metavar="PATH", help="write the rows as JSON (with the machine's load)")
     args = ap.parse_args(argv)
-    if args.backend == "nccl":
-        print("specdec_ext.distributed runs on CPU tensors (gloo) so far: no NCCL rows", file=sys.stderr)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if args.backend == "nccl" and (args.world < 2 or gpus < args.world):
+        print(f"--backend nccl needs --world >= 2 GPUs, one per rank; this machine has {gpus}", file=sys.stderr)
         return 2
     if args.world < 1 or args.reps < 1:
         print("--world and --reps must be >= 1", file=sys.stderr)
         return 2
     warn_if_busy(machine_load())
     print(HEADER)
-    rows = run_ranks(rank_rows, args.world, QUICK if args.quick else FULL, args.reps, timeout_s=300)[0]
+    device = "cuda" if args.backend == "nccl" else "cpu"
+    rows = run_ranks(rank_rows, args.world, QUICK if args.quick else FULL, args.reps, device, timeout_s=300,
+                     backend=args.backend)[0]
     for r in rows:
         print(f"{r['P']:>2}{r['B']:>5}{r['V']:>8}  {r['fused_s'] * 1e3:>9.3f}  {r['gather_s'] * 1e3:>9.3f}  "
               f"{r['speedup']:>6.2f}x  {r['bytes']:>11}  {r['gather_bytes']:>12}  {r['bytes_ratio']:>7.0f}x")

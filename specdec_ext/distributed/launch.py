@@ -1,5 +1,6 @@
-"""Run a function on P local processes joined in a gloo process group: what the tests, the
-benchmark and the example use to try :mod:`specdec_ext.distributed` on one machine."""
+"""Run a function on P local processes joined in a process group (gloo; NCCL with one GPU per
+rank): what the tests, the benchmark and the example use to try :mod:`specdec_ext.distributed`
+on one machine."""
 from __future__ import annotations
 
 import datetime
@@ -28,10 +29,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, timeout_s: float, threads: int, fn, args, results) -> None:
+def _rank_main(rank: int, world: int, port: int, timeout_s: float, threads: int, backend: str, fn, args,
+               results) -> None:
     try:
         torch.set_num_threads(threads)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         try:
             buf = io.BytesIO()  # bytes, not shared-memory tensors: this process exits right after
@@ -54,9 +58,11 @@ def _context():
     return ctx
 
 
-def run_ranks(fn: Callable[..., Any], world: int, *args, timeout_s: float = 60.0, threads: int = 1) -> List[Any]:
-    """``fn(rank, world, *args)`` on ``world`` new processes in one gloo group (its
+def run_ranks(fn: Callable[..., Any], world: int, *args, timeout_s: float = 60.0, threads: int = 1,
+              backend: str = "gloo") -> List[Any]:
+    """``fn(rank, world, *args)`` on ``world`` new processes in one process group (its
     collectives time out after ``timeout_s``); returns the P results in rank order.
+    backend: "gloo", or "nccl" (rank r on GPU r: needs ``world`` GPUs).
 
     ``fn`` and ``args`` must be picklable (a module-level function). Raises :class:`RankError`
     with the first failing rank's traceback, or when the ranks do not all report within
@@ -65,7 +71,7 @@ def run_ranks(fn: Callable[..., Any], world: int, *args, timeout_s: float = 60.0
     ctx = _context()
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, timeout_s, threads, fn, args, results),
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, timeout_s, threads, backend, fn, args, results),
                          daemon=True) for r in range(world)]
     env = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = str(threads)

@@ -28,15 +28,23 @@ _KINDS = ("verify", "sample")
 
 
 def _dtype_code(t: Optional[torch.Tensor]) -> int:
-    return -1 if t is None else _DTYPES.get(t.dtype, 99)
+    """The dtype, and whether the CUDA kernels run the steps (their step widths differ from
+    the CPU kernels': the ranks must agree on it too)."""
+    if t is None:
+        return -1
+    return _DTYPES.get(t.dtype, 99) + (1000 if t.device.type == "cuda" else 0)
 
 
 def _crc(values: Sequence) -> int:
-    """A checksum of the arguments every rank must pass identically (tensors by value)."""
+    """A checksum of the arguments every rank must pass identically: host tensors by value,
+    device tensors by shape and dtype only (reading them would be a host sync; a bad per-row
+    device value makes its row invalid, as in the single-device ops)."""
     crc = 0
     for v in values:
-        if isinstance(v, torch.Tensor):
-            c = v.detach().to("cpu")
+        if isinstance(v, torch.Tensor) and v.device.type != "cpu":
+            crc = zlib.crc32(repr((tuple(v.shape), str(v.dtype), "device")).encode(), crc)
+        elif isinstance(v, torch.Tensor):
+            c = v.detach()
             c = c.double() if c.is_floating_point() else c.long()  # numpy has no bfloat16
             crc = zlib.crc32(repr((tuple(c.shape), str(v.dtype))).encode(), crc)
             crc = zlib.crc32(c.numpy().tobytes(), crc)
@@ -45,11 +53,37 @@ def _crc(values: Sequence) -> int:
     return crc
 
 
+_HOST_GROUPS: dict = {}
+
+
+def _host_group(group, host_group, logits):
+    """The group the header travels on: a CPU (gloo) group, so that reading the gathered
+    headers is no device sync. CPU tensors: ``group`` itself. CUDA tensors: ``host_group`` if
+    given, else for the default group a gloo group over the world, created once (every rank is
+    in this call, so creating it here is safe); a subgroup needs ``host_group`` (creating one
+    is collective over the whole world)."""
+    if host_group is not None:
+        return host_group
+    if not isinstance(logits, torch.Tensor) or logits.device.type == "cpu":
+        return group
+    if group is not None and group is not dist.group.WORLD:
+        if dist.get_backend(group) == "gloo":
+            return group
+        raise ValueError("specdec_ext.distributed on device tensors with a subgroup needs host_group: a gloo group "
+                         "of the same ranks (dist.new_group(ranks, backend='gloo'), created on every rank of the "
+                         "world), over which the ranks check their arguments without a device sync")
+    if dist.get_backend() == "gloo":
+        return None
+    if "world" not in _HOST_GROUPS:
+        _HOST_GROUPS["world"] = dist.new_group(backend="gloo")
+    return _HOST_GROUPS["world"]
+
+
 class _Call:
     """One distributed call: this rank's arguments, checked against every other rank's."""
 
     def __init__(self, kind: str, logits, draft_ids, draft_probs, temperature, vocab_start, vocab_size, group,
-                 filters, num_drafts, seed, offset, mode):
+                 filters, num_drafts, seed, offset, mode, host_group=None):
         self.kind, self.group = kind, group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         error: Optional[BaseException] = None
@@ -76,9 +110,6 @@ class _Call:
             if self.vocab_start + v_local > self.vocab_size:
                 raise ValueError(f"vocab_start + V_local = {self.vocab_start} + {v_local} exceeds vocab_size = "
                                  f"{self.vocab_size}")
-            if self.logits.device.type != "cpu":
-                raise NotImplementedError(f"specdec_ext.distributed.{kind} runs on CPU tensors (gloo) so far; "
-                                          f"got {self.logits.device}")
             # the op's own argument checks on this shard alone (stage 0: nothing computed), and the
             # number of steps
             bounds = [0, v_local] if self.vocab_start == 0 else [0, self.vocab_start, self.vocab_start + v_local]
@@ -87,13 +118,13 @@ class _Call:
             header[_H_START], header[_H_VOCAB] = self.vocab_start, self.vocab_size
             header[_H_DTYPE], header[_H_PROBS] = _dtype_code(self.logits), _dtype_code(self.draft_probs)
             header[_H_COUPLED] = int(coupled)
-            header[_H_SEED] = int(self.seed) if self.seed.dim() == 0 else 0
+            header[_H_SEED] = int(self.seed) if self.seed.dim() == 0 and self.seed.device.type == "cpu" else 0
             header[_H_ARGS_CRC] = _crc([draft_ids, self.t, self.seed if seed_given else None, self.offset,
                                         num_drafts] + self.filters)
         except Exception as e:  # noqa: BLE001  (any refusal must reach the other ranks, or they hang)
             error = e
             header[_H_ERROR] = 1
-        headers = all_gather(torch.tensor(header, dtype=torch.int64), group)
+        headers = all_gather(torch.tensor(header, dtype=torch.int64), _host_group(group, host_group, logits))
         self._agree(headers, error, seed_given)
 
     def _agree(self, headers: List[torch.Tensor], error, seed_given: bool) -> None:
@@ -110,7 +141,8 @@ class _Call:
             kinds = [_KINDS[k] if 0 <= k < len(_KINDS) else "?" for k in col(_H_KIND)]
             raise ValueError(f"{name}: the ranks called different ops: {kinds}")
         for c, what in ((_H_B, "batch sizes B"), (_H_K, "numbers of drafts K"), (_H_VOCAB, "vocab_size"),
-                        (_H_DTYPE, "logits dtypes"), (_H_PROBS, "draft_probs (dtype or None)"), (_H_COUPLED, "modes")):
+                        (_H_DTYPE, "logits dtypes or devices (+1000: CUDA)"),
+                        (_H_PROBS, "draft_probs (dtype or None)"), (_H_COUPLED, "modes")):
             if len(set(col(c))) > 1:
                 raise ValueError(f"{name}: the ranks disagree on their {what}: {col(c)} (rank order)")
         if len(set(col(_H_ARGS_CRC))) > 1:
@@ -161,6 +193,7 @@ def verify(
     mode: str = "exact",
     seed: Optional[IntOrTensor] = None,
     offset: IntOrTensor = 0,
+    host_group=None,
 ) -> VerifyResult:
     """:func:`specdec_ext.verify` on logits split over the ranks of ``group`` by vocabulary.
 
@@ -179,7 +212,16 @@ def verify(
     vocab_start, vocab_size : int
         This rank's first token and the full vocabulary size.
     group : torch.distributed process group, optional
-        The ranks that hold the shards (default: the world). gloo; CPU tensors so far.
+        The ranks that hold the shards (default: the world): gloo for CPU tensors, NCCL for CUDA
+        tensors (the CUDA kernels run the steps; no host sync: the step outputs are gathered on
+        the device and the kernels read them there).
+    host_group : torch.distributed process group, optional
+        CUDA tensors only: a gloo group of the same ranks for the argument check (a small int64
+        header per call, read on the host without a device sync). Default: ``group`` when it is
+        gloo; for the default group a gloo group over the world, created on first use; a NCCL
+        subgroup must pass one (``dist.new_group(ranks, backend="gloo")``). On device tensors
+        the ranks' per-row values (draft ids, temperatures, seeds, filters) are compared by shape
+        and dtype, not by value.
     top_k, top_p, min_p
         As in :func:`specdec_ext.verify`, over the WHOLE vocabulary: the cutoffs are found by the
         same radix passes (csrc/core/filter_math.h), each pass's histogram gathered and summed
@@ -189,7 +231,9 @@ def verify(
     Returns
     -------
     VerifyResult(tokens [B, K+1] int64, num_accepted [B] int64, valid [B] bool), the same on
-    every rank: with shard bounds at multiples of 128, exactly verify's on the gathered logits.
+    every rank: with shard bounds at multiples of 128, exactly verify's on the gathered logits
+    on the same kind of device (CPU shards: the CPU kernels' tokens; CUDA shards: the CUDA
+    kernels', whose sums take another order than the CPU's). Otherwise exact in law.
 
     A bad argument on any rank, or ranks that disagree (shapes, dtypes, modes, draft ids,
     temperature, seed, offset, num_drafts, shards that do not tile the vocabulary), raises on
@@ -197,7 +241,7 @@ def verify(
     message there, a message naming it elsewhere), never a hang.
     """
     return _Call("verify", local_target_logits, draft_token_ids, local_draft_probs, temperature, vocab_start,
-                 vocab_size, group, (top_k, top_p, min_p), num_drafts, seed, offset, mode).run()
+                 vocab_size, group, (top_k, top_p, min_p), num_drafts, seed, offset, mode, host_group).run()
 
 
 def sample(
@@ -212,6 +256,7 @@ def sample(
     min_p: Optional[FloatOrTensor] = None,
     seed: Optional[IntOrTensor] = None,
     offset: IntOrTensor = 0,
+    host_group=None,
 ) -> torch.Tensor:
     """:func:`specdec_ext.sample` on logits split over the ranks of ``group`` by vocabulary.
 
@@ -223,5 +268,5 @@ def sample(
     target's own draw of coupled verify with K = 0, which is that).
     """
     result = _Call("sample", local_logits, None, None, temperature, vocab_start, vocab_size, group,
-                   (top_k, top_p, min_p), None, seed, offset, "coupled").run()
+                   (top_k, top_p, min_p), None, seed, offset, "coupled", host_group).run()
     return result.tokens[:, 0]

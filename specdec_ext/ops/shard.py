@@ -38,28 +38,31 @@ def _part_count(s: int, e: int) -> int:
 
 
 def shard_steps(shard_bounds: Sequence[int], top_k: bool = False, top_p: bool = False,
-                min_p: bool = False) -> List[Tuple[str, int, torch.dtype]]:
+                min_p: bool = False, cuda: bool = False) -> List[Tuple[str, int, torch.dtype]]:
     """The steps of verify_shard for the vocabulary split ``shard_bounds`` (int[P+1]) and the
     filters given (csrc/core/shard_math.h ShardPlan): (kind, output width, dtype) of each, in
     order. Every step's output is [B, K+1, width]:
 
-    - max    2 float64 (max, first argmax)
+    - max    2 float64 (max, first argmax); CUDA kernels: 3 (and a flag: a finite |logit| >= 2^127)
     - top_k  256 int64 counts, one step per radix pass (4)
     - top_p  256 counts + 256 fixed-point masses, int64 (4 passes)
     - min_p  1 int64 (the order key of the shard's min-p bound)
-    - sums   the largest tile-sum cover of a shard (core/tile_sum.h) + 2, float64
+    - sums   the largest tile-sum cover of a shard (core/tile_sum.h) + 2, float64; CUDA
+             kernels: 2 values per cover node, (max, sum) pairs
     - races  7 float64
+
+    cuda: the CUDA kernels' layout (CUDA tensors, or the SIMT emulation of those kernels).
     """
     first, covers = 0, []
     for s, e in zip(shard_bounds[:-1], shard_bounds[1:]):
         n = _part_count(s, e)
         covers.append(_cover_size(first, first + n))
         first += n
-    steps = [("max", 2, torch.float64)]
+    steps = [("max", 3 if cuda else 2, torch.float64)]
     steps += [("top_k", 256, torch.int64)] * (4 if top_k else 0)
     steps += [("top_p", 512, torch.int64)] * (4 if top_p else 0)
     steps += [("min_p", 1, torch.int64)] * (1 if min_p else 0)
-    return steps + [("sums", max(covers) + 2, torch.float64), ("races", 7, torch.float64)]
+    return steps + [("sums", (2 if cuda else 1) * max(covers) + 2, torch.float64), ("races", 7, torch.float64)]
 
 
 def _check_shard_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, top_k, top_p, min_p,
@@ -85,7 +88,8 @@ def _verify_shard_fake(target_logits, draft_token_ids, draft_probs, temperature,
                        num_drafts, coupled, shard_bounds, rank, stage, gathered):
     _check_shard_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, top_k, top_p, min_p,
                       num_drafts)
-    steps = shard_steps(shard_bounds, top_k is not None, top_p is not None, min_p is not None)
+    steps = shard_steps(shard_bounds, top_k is not None, top_p is not None, min_p is not None,
+                        cuda=target_logits.device.type == "cuda")
     if not 0 <= stage <= len(steps):
         raise ValueError(f"stage must be in [0, {len(steps)}] (verify_shard_finish runs the last one), got {stage}")
     if stage == 0:

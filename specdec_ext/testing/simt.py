@@ -45,7 +45,7 @@ from ..ops import tree as _tree
 
 __all__ = ["BUILDS", "build", "filtered_probs", "kv_append_", "kv_compact_", "kv_rollback_", "load", "mask_logits",
            "options", "paged_kv_append_", "paged_kv_compact_", "paged_kv_gather", "sample", "source_root", "verify",
-           "verify_tree"]
+           "verify_shard", "verify_shard_finish", "verify_tree"]
 
 #: compiler flags of each build (all: the SIMT macro, the emulated CUDA headers)
 BUILDS = {
@@ -140,6 +140,19 @@ filtered_probs = _on_simt(_filtered.filtered_probs)
 mask_logits = _on_simt(_filtered.mask_logits)
 verify_tree = _on_simt(_tree.verify_tree)
 kv_append_ = _on_simt(_kv.kv_append_)
+
+
+def verify_shard(*args):
+    """``torch.ops.specdec.verify_shard`` (one step of vocabulary-parallel verify, see
+    specdec_ext.distributed) on the SIMT emulation of its CUDA kernels (CPU tensors)."""
+    return _SimtOps().verify_shard(*args)
+
+
+def verify_shard_finish(*args):
+    """``torch.ops.specdec.verify_shard_finish`` on the SIMT emulation of its CUDA kernel."""
+    return _SimtOps().verify_shard_finish(*args)
+
+
 kv_rollback_ = _on_simt(_kv.kv_rollback_)
 paged_kv_append_ = _on_simt(_paged_kv.paged_kv_append_)
 paged_kv_gather = _on_simt(_paged_kv.paged_kv_gather)
