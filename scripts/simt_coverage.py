@@ -23,7 +23,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: the files that hold kernel bodies (device code); the rest of csrc/cuda is launch code
 KERNEL_FILES = ("csrc/cuda/sampling_kernels.cuh", "csrc/cuda/kv_kernels.cuh", "csrc/cuda/block_reduce.cuh",
-                "csrc/cuda/tree_kernels.cuh")
+                "csrc/cuda/tree_kernels.cuh", "csrc/cuda/tile_stats.cuh", "csrc/cuda/shard_kernels.cuh")
 
 
 def line_counts(build_dir: pathlib.Path) -> dict[str, dict[int, int]]:
