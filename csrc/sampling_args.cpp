@@ -1,8 +1,10 @@
 #include "sampling_args.h"
 
+#include <limits>
 #include <type_traits>
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/where.h>
 #include <c10/util/Exception.h>
 
 #include "args/common.h"
@@ -44,7 +46,20 @@ ScalarOrRow<float> per_row_temperature(const at::Tensor& t, const at::Tensor& re
                                        std::vector<at::Tensor>& keep) {
   TORCH_CHECK_TYPE(t.is_floating_point(), "temperature must be a float or a floating tensor, got ",
                    t.scalar_type());
-  const ScalarOrRow<float> out = per_row_value<float>(t, ref, B, "temperature", "a float", keep);
+  // The one temperature rule holds for every dtype: a nonzero value that float32 rounds to 0
+  // (a tiny float64) must not turn greedy, so it becomes NaN here, which the rule refuses
+  // (a host value: ValueError; a per-row one: its row invalid). An elementwise op on t's
+  // device: no host sync.
+  at::Tensor t32 = t;
+  if (t.scalar_type() == at::kDouble && t.dim() == 0 && t.device().is_cpu()) {
+    const double v = t.item<double>();
+    TORCH_CHECK_VALUE(v == 0 || static_cast<float>(v) != 0, "temperature must be 0 (greedy) or a value float32 ",
+                      "keeps nonzero, got ", v, ", which float32 rounds to 0");
+  } else if (t.scalar_type() == at::kDouble) {
+    t32 = t.to(at::kFloat);
+    t32 = at::where(t32.eq(0).logical_and(t.ne(0)), std::numeric_limits<float>::quiet_NaN(), t32);
+  }
+  const ScalarOrRow<float> out = per_row_value<float>(t32, ref, B, "temperature", "a float", keep);
   TORCH_CHECK_VALUE(out.ptr != nullptr || valid_temperature(out.value),
                     "temperature must be >= 0 (0 = greedy), finite and with a finite inverse, got ", out.value);
   return out;

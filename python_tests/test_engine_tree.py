@@ -221,6 +221,31 @@ def test_kv_cache_compact():
         kv.compact(5, src, torch.tensor([5, 0, 0]))
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_compact_more_than_a_row_holds_names_num_appended(paged):
+    """num_appended above a row's length: ValueError naming num_appended, the row and its length,
+    the same message for both caches; nothing written (KVCache used to name an internal
+    lengths[0] = -2 from the op)."""
+    if paged:
+        cache = PagedKVCache(1, 16, 4, 2, 3, torch.float32, max_blocks_per_seq=6)
+        for s, n in (("a", 6), ("b", 1)):
+            cache.manager.add(s)
+            cache.allocate([s], n)
+        call = lambda n: cache.compact(["a", "b"], n, torch.tensor([[0, 1], [0, 1]]), torch.tensor([2, 2]))  # noqa: E731
+        rows = r"\['b'\]"
+    else:
+        cache = KVCache(1, 2, 2, 4, 16, torch.float32)
+        cache.advance(3)
+        cache.rollback(3, [3, 1])                 # lengths 3, 1
+        call = lambda n: cache.compact(n, torch.tensor([[0, 1], [0, 1]]), torch.tensor([2, 2]))  # noqa: E731
+        rows = r"\[1\]"
+    cache.key_cache.normal_()
+    before = cache.key_cache.clone()
+    with pytest.raises(ValueError, match=rf"compact: num_appended=3 is more than rows {rows} hold \(lengths \[1\]\)"):
+        call(3)
+    assert torch.equal(cache.key_cache, before)
+
+
 def test_paged_kv_cache_compact():
     cache = PagedKVCache(2, 16, 4, 2, 3, torch.float32, max_blocks_per_seq=6)
     cache.key_cache.normal_()

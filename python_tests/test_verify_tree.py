@@ -234,6 +234,40 @@ def test_argument_errors_name_the_argument(bad, match):
         specdec_ext.verify_tree(logits, args["ids"], args["parents"], args["q"], args["temperature"], **extra)
 
 
+@pytest.mark.parametrize("as_type", [list, tuple])
+def test_compiles_without_depth_when_parents_is_a_list(as_type):
+    """A Python-list (or tuple) parents gives its depth in Python: no guard on tensor data, so
+    fullgraph Inductor compiles without depth= (dynamo used to fail on Eq(u0, 1) in tree_depth)."""
+    logits, ids, parents, q = _tree_inputs(B=3, V=33)
+    parents = as_type(parents)
+
+    def step(logits, ids, q):
+        return specdec_ext.verify_tree(logits, ids, parents, q, 0.8, seed=5)
+
+    eager = step(logits, ids, q)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)(logits, ids, q)
+    assert eager.tokens.shape[1] == specdec_ext.tree_depth(list(parents)) + 1
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+
+
+def test_tensor_parents_under_compile_without_depth_says_pass_depth():
+    logits, ids, parents, q = _tree_inputs(B=3, V=33)
+    p = torch.tensor(parents)
+
+    def step(logits, ids, q):
+        return specdec_ext.verify_tree(logits, ids, p, q, 0.8, seed=5)
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as info:
+        torch.compile(step, fullgraph=True)(logits, ids, q)
+    first = str(info.value).strip().splitlines()[0]
+    assert "needs depth=" in first and "verify_tree" in first, first
+    torch._dynamo.reset()  # without fullgraph the depth is read eagerly (a graph break), as before
+    assert torch.equal(torch.compile(step)(logits, ids, q).tokens, step(logits, ids, q).tokens)
+
+
 def test_tree_depth():
     assert specdec_ext.tree_depth(bfs_parents((4, 2, 2))) == 3
     assert specdec_ext.tree_depth([-1]) == 0

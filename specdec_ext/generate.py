@@ -37,7 +37,9 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ._validate import check_filter, check_temperature
+from . import _cli
+from ._cli import OneLineParser, int_in, temperature
+from ._validate import check_filter
 from .bench.timing import busy_reason, machine_load
 from .engine import SpecDecMetrics, SpeculativeEngine
 from .errors import CacheFullError, OutOfBlocksError
@@ -71,25 +73,6 @@ def load_model(path: str, device: str, dtype: torch.dtype, hf: bool):
     return LlamaModel.from_pretrained(path, dtype=dtype, device=device)
 
 
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-    return parse
-
-
-def _temperature(text: str) -> float:
-    try:
-        return check_temperature(float(text))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def _filter(name: str, parse):
     """argparse type of one sampling filter, checked by the ops' rule (check_filter)."""
     def check(text: str):
@@ -117,51 +100,45 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)" if text else "default: %(default)s"
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (no usage block): ``prog: error: ... (see --help)``."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog=PROG, description=__doc__, epilog=EPILOG, formatter_class=_HelpFormatter)
+    ap = OneLineParser(prog=PROG, description=__doc__, epilog=EPILOG, formatter_class=_HelpFormatter)
     ap.add_argument("--target", help="target checkpoint directory (default: the bundled pair)")
     ap.add_argument("--draft", help="draft checkpoint directory (default: the bundled pair's draft; "
                                     "needed with --target unless --drafter ngram)")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (bundled pair's tokenizer, or DIR/tokenizer.json)")
-    src.add_argument("--prompt-ids", type=_int_at_least(0), nargs="+", help="prompt token ids")
-    ap.add_argument("--max-new-tokens", type=_int_at_least(0), default=128, help="tokens to generate at most")
+    src.add_argument("--prompt-ids", type=int_in(0), nargs="+", help="prompt token ids")
+    ap.add_argument("--max-new-tokens", type=int_in(1), default=128, help="tokens to generate at most")
     ap.add_argument("--no-baseline", action="store_true",
                     help="skip the target-only runs: one timed speculative run, no speedup figure")
-    ap.add_argument("--rounds", type=_int_at_least(1), default=None,
+    ap.add_argument("--rounds", type=int_in(1), default=None,
                     help=f"timed rounds, each one speculative and one target-only run, interleaved; the "
                          f"summary gives the median speedup and its spread (default: {DEFAULT_ROUNDS})")
-    ap.add_argument("--k", type=_int_at_least(0), default=5, help="drafts per step (the maximum when adapting)")
-    ap.add_argument("--adaptive", nargs="?", const="cost", default="cost", choices=["cost", "threshold"],
+    ap.add_argument("--k", type=int_in(0), default=5, help="drafts per step (the maximum when adapting)")
+    ap.add_argument("--adaptive", nargs="?", const="cost", default=None, choices=["cost", "threshold"],
                     help="adapt K in [0, k] by the expected speedup from alpha and the measured step costs "
-                         "(default: cost), or by 'threshold' (the simple rule)")
+                         "(default: cost), or by 'threshold' (the simple rule); not with --fixed-k")
     ap.add_argument("--fixed-k", action="store_true", help="always draft exactly --k tokens (no adaptation)")
     ap.add_argument("--drafter", choices=["model", "ngram", "hybrid"], default=None,
                     help="where drafts come from: the draft model, prompt lookup (n-gram) in the prompt and "
                          "output (default: measured fastest on the bundled pair; with --tree: model), or n-gram "
                          "where a match exists and the model elsewhere")
-    ap.add_argument("--tree", type=_int_at_least(1), nargs="+", default=None, metavar="B",
+    ap.add_argument("--tree", type=int_in(1), nargs="+", default=None, metavar="B",
                     help="tree speculation with this branching per depth, e.g. --tree 4 2 2 (1 + 4 + 8 + 16 "
                          "nodes scored in one target pass; needs the draft model; --k does not apply)")
     ap.add_argument("--tree-mode", choices=["sampled", "topk"], default="sampled",
                     help="a tree node's children: i.i.d. draws from the draft's law, or its top tokens")
-    ap.add_argument("--max-ngram", type=_int_at_least(1), default=3, help="longest suffix n-gram matched")
-    ap.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
+    ap.add_argument("--max-ngram", type=int_in(1), default=3, help="longest suffix n-gram matched")
+    ap.add_argument("--temperature", type=temperature, default=0.0, help="0 = greedy (default)")
     ap.add_argument("--top-k", type=_filter("top_k", int), default=None, help="keep the k most likely tokens (0 = off)")
     ap.add_argument("--top-p", type=_filter("top_p", float), default=None, help="nucleus sampling, in (0, 1] (1 = off)")
     ap.add_argument("--min-p", type=_filter("min_p", float), default=None,
                     help="keep tokens with p >= min_p * max p, in [0, 1) (0 = off)")
     ap.add_argument("--coupled", action="store_true",
                     help="coupled verification: the text equals target-only sampling with the same --seed")
-    ap.add_argument("--seed", type=int, default=0, help="sampling seed (the same seed gives the same text)")
-    ap.add_argument("--eos-id", type=_int_at_least(0), default=None, help="end-of-text id (default: the model's)")
+    ap.add_argument("--seed", type=_cli.seed, default=0,
+                    help="sampling seed, any 64-bit pattern in [-2^63, 2^64 - 1] (the same seed gives the same text)")
+    ap.add_argument("--eos-id", type=int_in(0), default=None, help="end-of-text id (default: the model's)")
     ap.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-text")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="cuda when a GPU is visible, else cpu")
@@ -172,8 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the decode steps of both models (reference model, with its weights frozen "
                          "into the graphs, or --hf on the batched HF path; the first steps compile for seconds)")
-    ap.add_argument("--metrics-port", type=_int_at_least(0), default=None,
-                    help="serve /metrics on this port while running")
+    ap.add_argument("--metrics-port", type=_cli.port, default=None,
+                    help="serve /metrics on this port (1-65535; 0: a free port the system picks) while running; "
+                         "the address is printed to stderr")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     return ap
 
@@ -252,6 +230,42 @@ def _config_capacities(args) -> List[Tuple[str, Optional[int]]]:
     return [(n, _config(args, n).get("max_position_embeddings")) for n in names]
 
 
+def _check_device(ap: argparse.ArgumentParser, text: str) -> None:
+    """--device: a string torch parses, of a device that exists here and can hold a model."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError) as e:
+        ap.error(f"--device {text}: not a device ({str(e).splitlines()[0]})")
+    if device.type == "meta":
+        ap.error(f"--device {text}: a meta tensor has no data, so a model cannot run there (use cpu or cuda)")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            ap.error(f"--device {text}: no CUDA device is available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            ap.error(f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    elif device.type != "cpu":
+        ap.error(f"--device {text}: only cpu and cuda are supported")
+
+
+def _check_checkpoints(ap: argparse.ArgumentParser, args) -> None:
+    """--target / --draft DIR: weights present, and (without --hf) a config the reference model implements."""
+    from .models.llama import weights_file
+    from .models.llama_config import LlamaConfig
+
+    for name in ("target", "draft"):
+        d = getattr(args, name)
+        if d is None or (name == "draft" and not _uses_draft_model(args)):
+            continue
+        if weights_file(d) is None:
+            ap.error(f"--{name} {d}: no weights there (model.safetensors, model.safetensors.index.json, "
+                     "pytorch_model.bin or pytorch_model.bin.index.json)")
+        if not args.hf:
+            try:
+                LlamaConfig.from_dict(_config(args, name))
+            except (TypeError, ValueError) as e:
+                ap.error(f"--{name} {d}: {e} (the reference model implements Llama; other models need --hf)")
+
+
 def check_args(ap: argparse.ArgumentParser, args) -> dict:
     """Everything that can be checked before loading a model (``ap.error`` on a problem),
     the prompt's length against the models' capacity included. Returns the target's
@@ -264,9 +278,11 @@ def check_args(ap: argparse.ArgumentParser, args) -> dict:
         d = getattr(args, name)
         if d is not None and not os.path.isfile(os.path.join(d, "config.json")):
             ap.error(f"--{name} {d}: not a checkpoint directory (no config.json there)")
+    if args.fixed_k and args.adaptive is not None:
+        ap.error(f"--fixed-k pins K; --adaptive {args.adaptive} adapts it: drop one")
     _check_transformers(ap, args)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        ap.error(f"--device {args.device}: no CUDA device is available")
+    _check_device(ap, args.device)
+    _check_checkpoints(ap, args)
     cfg = _target_config(args)
     V = int(cfg.get("vocab_size", 0))
     if args.prompt_ids is not None and V and max(args.prompt_ids) >= V:
@@ -469,7 +485,7 @@ def summary_line(t: Timings, baseline: bool, load: dict) -> str:
 
 def _engine(args, target, draft, metrics):
     return SpeculativeEngine(target, None if args.drafter == "ngram" else draft, k=args.k,
-                             adaptive_k=False if args.fixed_k else args.adaptive, metrics=metrics,
+                             adaptive_k=False if args.fixed_k else (args.adaptive or "cost"), metrics=metrics,
                              drafter="auto" if args.drafter == "ngram" else args.drafter, max_ngram=args.max_ngram,
                              verify_mode=_mode(args), tree=args.tree, tree_mode=args.tree_mode)
 
@@ -482,6 +498,8 @@ def run(args, cfg: dict) -> int:
         target, draft = _compiled(target), (_compiled(draft) if draft is not None else None)
     metrics = SpecDecMetrics(engine="cli") if args.metrics_port is not None else None
     server = metrics.serve(args.metrics_port) if metrics else None
+    if server is not None:
+        print(f"metrics: http://127.0.0.1:{server.server_port}/metrics", file=sys.stderr)
     try:
         engine = _engine(args, target, draft, metrics)
     except ValueError as e:  # e.g. a model that cannot take a tree: one line, not a traceback

@@ -29,6 +29,7 @@ import specdec_ext
 from specdec_ext import distributed as sd
 from specdec_ext.distributed.launch import run_ranks
 
+from .._cli import OneLineParser, int_in, output_path
 from .timing import machine_load, warn_if_busy, write_rows_json
 
 FULL = dict(B=[1, 8, 32], V=[32000, 128256])
@@ -88,21 +89,18 @@ def rank_rows(rank: int, world: int, grid: Dict[str, list], reps: int, device: s
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specdec_ext.bench distributed", description=__doc__,
+    ap = OneLineParser(prog="python -m specdec_ext.bench distributed", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help=f"a small grid {QUICK} (default {FULL})")
-    ap.add_argument("--world", type=int, default=2, help="ranks (processes), default 2")
-    ap.add_argument("--reps", type=int, default=REPS, help=f"timed calls per row and rank (default {REPS})")
+    ap.add_argument("--world", type=int_in(1), default=2, help="ranks (processes), default 2")
+    ap.add_argument("--reps", type=int_in(1), default=REPS, help=f"timed calls per row and rank (default {REPS})")
     ap.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
                     help="gloo: CPU tensors; nccl: CUDA tensors, rank r on GPU r (needs --world GPUs)")
-    ap.add_argument("--json", metavar="PATH", help="write the rows as JSON (with the machine's load)")
+    ap.add_argument("--json", metavar="PATH", type=output_path, help="write the rows as JSON (with the machine's load)")
     args = ap.parse_args(argv)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.backend == "nccl" and (args.world < 2 or gpus < args.world):
         print(f"--backend nccl needs --world >= 2 GPUs, one per rank; this machine has {gpus}", file=sys.stderr)
-        return 2
-    if args.world < 1 or args.reps < 1:
-        print("--world and --reps must be >= 1", file=sys.stderr)
         return 2
     warn_if_busy(machine_load())
     print(HEADER)

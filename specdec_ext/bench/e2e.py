@@ -55,6 +55,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from .. import bundled
+from .._cli import OneLineParser, int_in, output_path, temperature
 from ..engine.adaptive_k import predicted_speedup
 from ..engine import SpeculativeEngine
 from .timing import busiest, machine_load, warn_if_busy, write_rows_json
@@ -381,36 +382,34 @@ def plot(rows, path):
 
 
 def main(argv):
-    ap = argparse.ArgumentParser(prog="python -m specdec_ext.bench e2e", description=__doc__,
+    ap = OneLineParser(prog="python -m specdec_ext.bench e2e", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
-    ap.add_argument("--k", type=int, nargs="+", default=[1, 2, 4, 6])
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--prompts", type=int, default=4, help="prompts per configuration (batch 1: one call each)")
-    ap.add_argument("--repeats", type=int, default=1,
+    ap.add_argument("--k", type=int_in(1), nargs="+", default=[1, 2, 4, 6])
+    ap.add_argument("--batch", type=int_in(1), nargs="+", default=[1, 8])
+    ap.add_argument("--temperature", type=temperature, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--max-new-tokens", type=int_in(1), default=96)
+    ap.add_argument("--prompts", type=int_in(1), default=4, help="prompts per configuration (batch 1: one call each)")
+    ap.add_argument("--repeats", type=int_in(1), default=1,
                     help="rounds of every row, interleaved; ratios are per-round medians (default 1; use 3 or more "
                          "for figures on a shared machine)")
-    ap.add_argument("--json", metavar="PATH")
-    ap.add_argument("--plot", metavar="PNG", help="speedup vs K, measured and predicted (needs matplotlib)")
+    ap.add_argument("--json", metavar="PATH", type=output_path)
+    ap.add_argument("--plot", metavar="PNG", type=output_path, help="speedup vs K, measured and predicted (needs matplotlib)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--compile", action="store_true",
                     help="add an 'engine ngram compiled' row (the n-gram engine on torch.compile'd decode steps) "
                          "and, with --hf, 'HF-model ... compiled' rows")
     ap.add_argument("--hf", action="store_true",
                     help="add HF-model rows: the engine on the pair loaded through transformers (batched HF path)")
-    ap.add_argument("--hf-k", type=int, default=4, help="K of the fixed-K and per-row HF-model rows (default 4)")
+    ap.add_argument("--hf-k", type=int_in(1), default=4, help="K of the fixed-K and per-row HF-model rows (default 4)")
     ap.add_argument("--only-hf", action="store_true", help="with --hf: skip the reference-model engine rows")
-    ap.add_argument("--tree", type=int, nargs="+", default=[4, 2, 2],
+    ap.add_argument("--tree", type=int_in(1), nargs="+", default=[4, 2, 2],
                     help="branching per depth of the 'engine tree' rows (default 4 2 2: 29 nodes, depth 3)")
     ap.add_argument("--no-tree", action="store_true", help="skip the tree speculation rows")
     args = ap.parse_args(argv)
     if args.no_tree:
         args.tree = None
     args.hf = args.hf or args.only_hf
-    if args.repeats < 1:
-        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     if "cuda" in devices and not torch.cuda.is_available():
         print("cuda: no GPU: skipped", file=sys.stderr)

@@ -27,6 +27,7 @@ import torch
 
 import specdec_ext
 
+from .._cli import OneLineParser, output_path
 from .timing import machine_load, time_call, warn_if_busy, write_rows_json
 from .verify import torch_filter
 
@@ -128,12 +129,12 @@ def verify_logprobs_row(device: str, B: int, V: int, print_row=print) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specdec_ext.bench filtered", description=__doc__,
+    ap = OneLineParser(prog="python -m specdec_ext.bench filtered", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help=f"a small grid {QUICK} (default {FULL})")
     ap.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
                     help="where to time (default: every device this build and machine have)")
-    ap.add_argument("--json", metavar="PATH", help="write the rows as JSON (with the machine's load)")
+    ap.add_argument("--json", metavar="PATH", type=output_path, help="write the rows as JSON (with the machine's load)")
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available() and specdec_ext.has_cuda_kernels()
     if args.device == "cuda" and not cuda:

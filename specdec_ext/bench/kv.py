@@ -26,6 +26,7 @@ import torch
 
 import specdec_ext  # noqa: F401  (registers torch.ops.specdec.*)
 
+from .._cli import OneLineParser, float_in, int_in, output_path
 from .timing import busiest, machine_load, time_call, warn_if_busy
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -148,28 +149,26 @@ def print_table(rows: List[Dict]) -> None:
 
 
 def main(argv: List[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m specdec_ext.bench kv", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m specdec_ext.bench kv", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
                    help="all = cpu, plus cuda when available (default)")
-    p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
-    p.add_argument("--max-len", type=int, default=2048, help="contiguous cache capacity (default 2048)")
-    p.add_argument("--context", type=int, default=1024, help="tokens per row gathered (default 1024)")
-    p.add_argument("--min-seconds", type=float, default=0.1, help="time per measurement (default 0.1)")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 32])
-    p.add_argument("--seq", type=int, nargs="+", default=[1, 6], help="S: tokens appended per row")
+    p.add_argument("--json", metavar="PATH", type=output_path, help="write the rows as JSON")
+    p.add_argument("--max-len", type=int_in(1), default=2048, help="contiguous cache capacity (default 2048)")
+    p.add_argument("--context", type=int_in(1), default=1024, help="tokens per row gathered (default 1024)")
+    p.add_argument("--min-seconds", type=float_in(0, low_open=True), default=0.1, help="time per measurement (default 0.1)")
+    p.add_argument("--batch", type=int_in(1), nargs="+", default=[1, 32])
+    p.add_argument("--seq", type=int_in(1), nargs="+", default=[1, 6], help="S: tokens appended per row")
     p.add_argument("--dtype", choices=sorted(DTYPES), nargs="+", default=["fp16", "bf16"])
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the CPU rows")
+    p.add_argument("--threads", type=int_in(1), default=None, help="torch.set_num_threads for the CPU rows")
     args = p.parse_args(argv)
     if args.threads is not None:
-        if args.threads < 1:
-            p.error("--threads must be >= 1")
         torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device available")
     if args.device != "cpu" and torch.cuda.is_available() and not specdec_ext.has_cuda_kernels():
         p.error("this build of specdec_ext has no CUDA kernels")
-    if any(s < 1 or s > args.max_len for s in args.seq) or args.context < 1:
-        p.error("--seq values must be in [1, --max-len] and --context >= 1")
+    if any(s > args.max_len for s in args.seq):
+        p.error(f"--seq values must be at most --max-len {args.max_len}, got {args.seq}")
     devices = {"cpu": ["cpu"], "cuda": ["cuda"],
                "all": ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])}[args.device]
     rows = run(devices, args.max_len, args.context, args.min_seconds, args.batch, args.seq, args.dtype)

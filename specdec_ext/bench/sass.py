@@ -30,6 +30,8 @@ import shutil
 import subprocess
 import sys
 
+from .._cli import OneLineParser, output_path
+
 # The H200 model (see the module docstring).
 REGS_PER_SM = 65536
 REG_UNIT = 256          # registers are allocated per warp in units of 256
@@ -234,12 +236,24 @@ def print_table(rows):
     print(f"model: {MODEL}; block = {DEFAULT_BLOCK} threads")
 
 
+def _existing_file(text: str) -> str:
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file")
+    return text
+
+
+def _arch(text: str) -> str:
+    if not re.fullmatch(r"sm_\d+[af]?", text):
+        raise argparse.ArgumentTypeError(f"expected a SASS arch such as sm_90, got {text!r}")
+    return text
+
+
 def main(argv):
-    ap = argparse.ArgumentParser(prog="python -m specdec_ext.bench sass", description=__doc__,
+    ap = OneLineParser(prog="python -m specdec_ext.bench sass", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lib", help="the built library (default: specdec_ext/_C*.so next to this package)")
-    ap.add_argument("--arch", default=None, help="only this SASS arch (e.g. sm_90); default: all")
-    ap.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    ap.add_argument("--lib", type=_existing_file, help="the built library (default: specdec_ext/_C*.so next to this package)")
+    ap.add_argument("--arch", type=_arch, default=None, help="only this SASS arch (e.g. sm_90); default: all")
+    ap.add_argument("--json", metavar="PATH", type=output_path, help="write the rows as JSON")
     args = ap.parse_args(argv)
     lib = args.lib or find_library()
     if not lib:

@@ -35,6 +35,7 @@ import torch
 
 import specdec_ext
 
+from .._cli import OneLineParser, int_in, output_path
 from . import verify_tree
 from .timing import (busiest, cache_flusher, copy_bandwidth, machine_load, time_call, time_graph, warn_if_busy,
                      write_rows_json)
@@ -288,14 +289,14 @@ def print_row(r, cold=False):
 
 
 def main(argv):
-    ap = argparse.ArgumentParser(prog="python -m specdec_ext.bench verify", description=__doc__,
+    ap = OneLineParser(prog="python -m specdec_ext.bench verify", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     ap.add_argument("--quick", action="store_true", help=f"small grid {QUICK}")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
-    ap.add_argument("--B", type=int, nargs="*"), ap.add_argument("--K", type=int, nargs="*")
-    ap.add_argument("--V", type=int, nargs="*"), ap.add_argument("--dtype", nargs="*", choices=list(DTYPES))
-    ap.add_argument("--json", metavar="PATH", help="write all rows as JSON (benchmarks/check_targets.py reads it)")
+    ap.add_argument("--B", type=int_in(1), nargs="*"), ap.add_argument("--K", type=int_in(1), nargs="*")
+    ap.add_argument("--V", type=int_in(1), nargs="*"), ap.add_argument("--dtype", nargs="*", choices=list(DTYPES))
+    ap.add_argument("--json", metavar="PATH", type=output_path, help="write all rows as JSON (benchmarks/check_targets.py reads it)")
     ap.add_argument("--cold", action="store_true",
                     help="also time with cold caches (a buffer > last-level cache streamed before every call)")
     ap.add_argument("--sample", action="store_true", help=f"add rows of the sample op {SAMPLE}")

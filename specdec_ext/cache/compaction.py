@@ -16,7 +16,16 @@ from typing import Tuple
 
 import torch
 
-__all__ = ["compact_rows"]
+__all__ = ["check_num_appended", "compact_rows"]
+
+
+def check_num_appended(cache: str, rows, lengths, num_appended: int) -> None:
+    """``compact``'s rule on ``num_appended``: at most each row's length (``rows``: the row
+    indices or sequence ids, ``lengths``: their lengths), else ``ValueError`` naming them."""
+    short = [(r, n) for r, n in zip(rows, lengths) if n < num_appended]
+    if short:
+        raise ValueError(f"{cache}.compact: num_appended={num_appended} is more than rows {[r for r, _ in short]!r} "
+                         f"hold (lengths {[n for _, n in short]}); nothing changed")
 
 
 def compact_rows(src_index: torch.Tensor, count: torch.Tensor, batch_size: int, num_appended: int,

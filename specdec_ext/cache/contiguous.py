@@ -17,7 +17,7 @@ from ..errors import CacheFullError, DeviceFlagError
 from .._validate import check_int
 from ..ops.kv import kv_append_, kv_compact_, kv_rollback_
 from .attention_mask import spec_attention_mask
-from .compaction import compact_rows
+from .compaction import check_num_appended, compact_rows
 
 __all__ = ["KVCache"]
 
@@ -206,12 +206,15 @@ class KVCache:
             strictly increasing in [0, num_appended) (a path of a tree in BFS order is); later
             columns are not read (e.g. -1).
         count     : Tensor [B] int64 | int32 on the cache device, each in [0, min(M, num_appended)].
-        Host tensors are checked (``ValueError``, nothing changes); device tensors are not (no
-        sync): on CUDA the op skips a row that breaks the rules and flags it in
+        ``num_appended`` above a row's length is a ``ValueError`` naming the rows and their
+        lengths (nothing changes). Host tensors are checked (``ValueError``, nothing changes);
+        device tensors are not (no sync): on CUDA the op skips a row that breaks the rules and flags it in
         :attr:`errors` (see :meth:`check`). Runs ``specdec_ext.kv_compact_`` per layer (correct
         when source and destination slots overlap).
         """
         num_appended = check_int("num_appended", num_appended, 0)
+        self._resolve(block=False)  # the host mirror: exact, or an upper bound while a device rollback is pending
+        check_num_appended("KVCache", range(self.batch_size), self._host.tolist(), num_appended)
         src_index, count = compact_rows(src_index, count, self.batch_size, num_appended, self.device)
         if num_appended == 0 or src_index.shape[1] == 0:
             return

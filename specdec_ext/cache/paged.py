@@ -14,7 +14,7 @@ from .._validate import check_int
 from ..errors import DeviceFlagError
 from ..ops.paged_kv import paged_kv_append_, paged_kv_compact_, paged_kv_gather
 from .block_manager import BlockManager, ceil_div
-from .compaction import compact_rows
+from .compaction import check_num_appended, compact_rows
 
 __all__ = ["PagedKVCache"]
 
@@ -169,9 +169,7 @@ class PagedKVCache:
         seqs = list(seqs)
         num_appended = check_int("num_appended", num_appended, 0)
         lens = [self.manager.length(s) for s in seqs]
-        short = [s for s, n in zip(seqs, lens) if n < num_appended]
-        if short:
-            raise ValueError(f"sequences {short!r} hold fewer than num_appended={num_appended} tokens")
+        check_num_appended("PagedKVCache", seqs, lens, num_appended)
         src_index, count = compact_rows(src_index, count, len(seqs), num_appended, self.device)
         if num_appended == 0 or src_index.shape[1] == 0 or not seqs:
             return

@@ -518,6 +518,19 @@ class LlamaModel(nn.Module):
         return out
 
 
+_WEIGHT_FILES = (("model.safetensors", "model.safetensors.index.json"), ("pytorch_model.bin", "pytorch_model.bin.index.json"))
+
+
+def weights_file(path: str) -> Optional[str]:
+    """The file of ``path`` that :meth:`LlamaModel.from_pretrained` reads the weights from (a
+    single file or a shard index, first found of :data:`_WEIGHT_FILES`), or None."""
+    for names in _WEIGHT_FILES:
+        for name in names:
+            if os.path.isfile(os.path.join(path, name)):
+                return os.path.join(path, name)
+    return None
+
+
 def _read_weights(path: str) -> Dict[str, torch.Tensor]:
     """All tensors of a checkpoint directory, on the CPU (see :meth:`LlamaModel.from_pretrained`)."""
     def load_safetensors(file):
@@ -527,8 +540,7 @@ def _read_weights(path: str) -> Dict[str, torch.Tensor]:
     def load_bin(file):
         return torch.load(file, map_location="cpu", weights_only=True)
 
-    for single, index, loader in (("model.safetensors", "model.safetensors.index.json", load_safetensors),
-                                  ("pytorch_model.bin", "pytorch_model.bin.index.json", load_bin)):
+    for (single, index), loader in zip(_WEIGHT_FILES, (load_safetensors, load_bin)):
         if os.path.isfile(os.path.join(path, single)):
             return dict(loader(os.path.join(path, single)))
         if os.path.isfile(os.path.join(path, index)):

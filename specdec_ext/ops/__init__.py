@@ -11,6 +11,8 @@ kernels torch.compile traces with. The schemas live in csrc/ops.cpp.
 - :mod:`.kv`        ``kv_append_``, ``kv_rollback_``, ``kv_compact_`` (contiguous cache)
 - :mod:`.paged_kv`  ``paged_kv_append_``, ``paged_kv_gather`` / ``paged_kv_gather_into_``,
   ``paged_kv_compact_``
+- :mod:`._no_outputs` the ``no_outputs`` overload of ``sample`` / ``verify`` (their calls
+  without output buffers, as torch.compile records them)
 """
 from .. import _C  # noqa: F401  (registers the schemas the fake kernels below attach to)
 from .filtered import filtered_probs, mask_logits
@@ -20,6 +22,9 @@ from .paged_kv import paged_kv_append_, paged_kv_compact_, paged_kv_gather
 from .sampling import VerifyResult, sample, verify
 from . import shard  # noqa: F401  (fake kernels of verify_shard / verify_shard_finish)
 from .tree import TreeVerifyResult, tree_depth, verify_tree
+from . import _no_outputs
+
+_no_outputs.register()  # sample / verify without output buffers compile as functional ops (see the module)
 
 __all__ = ["LogprobsResult", "TreeVerifyResult", "VerifyResult", "filtered_probs", "kv_append_", "kv_compact_",
            "kv_rollback_", "mask_logits", "paged_kv_append_", "paged_kv_compact_", "paged_kv_gather",

@@ -301,3 +301,18 @@ def _sample_fake(logits, temperature, seed, offset, probs_out, top_k=None, top_p
     _check_row_values_fake(temperature, seed, offset)
     _check_token_logprobs_fake(token_logprobs, (logits.shape[0],), "[B]")
     return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+
+
+@torch.library.register_fake("specdec::verify_reference")
+def _verify_reference_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, top_k=None,
+                           top_p=None, min_p=None, num_drafts=None, coupled=False, probs_input=False):
+    """verify's fake kernel (the reference takes verify's arguments, less the logprobs output)."""
+    return _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, top_k, top_p, min_p,
+                        num_drafts, coupled, probs_input)
+
+
+@torch.library.register_fake("specdec::sample_reference")
+def _sample_reference_fake(logits, temperature, seed, offset, top_k=None, top_p=None, min_p=None, probs_input=False):
+    """sample's fake kernel, plus the probs [B, V] float32 the reference returns."""
+    tokens = _sample_fake(logits, temperature, seed, offset, None, top_k, top_p, min_p, probs_input)
+    return tokens, logits.new_empty(tuple(logits.shape), dtype=torch.float32)

@@ -46,6 +46,13 @@ def _parents_arg(parents: Parents) -> torch.Tensor:
     with its entries checked to be ints (TypeError / ValueError naming ``parents``)."""
     if isinstance(parents, torch.Tensor):
         return parents
+    values, nested = _parents_rows(parents)
+    return torch.tensor(values if nested else values[0], dtype=torch.int64)
+
+
+def _parents_rows(parents) -> tuple:
+    """A list ``parents`` checked as :func:`_parents_arg` says: ([[int]] rows, nested), in plain
+    Python (no tensor, so torch.compile traces it as constants)."""
     if not isinstance(parents, (list, tuple)):
         raise TypeError(f"parents must be a tensor or a list of ints, got {type(parents).__name__}")
     nested = bool(parents) and all(isinstance(r, (list, tuple)) for r in parents)
@@ -54,7 +61,7 @@ def _parents_arg(parents: Parents) -> torch.Tensor:
         raise ValueError(f"parents rows must have one length N, got lengths {[len(r) for r in rows]}")
     values = [[check_int(f"parents[{b}][{n}]" if nested else f"parents[{n}]", x, -(2**63), 2**63 - 1)
                for n, x in enumerate(r)] for b, r in enumerate(rows)]
-    return torch.tensor(values if nested else values[0], dtype=torch.int64)
+    return values, nested
 
 
 def tree_depth(parents: Parents) -> int:
@@ -63,21 +70,52 @@ def tree_depth(parents: Parents) -> int:
     copied: one sync; a meta tensor has no values: ValueError). A malformed tree gives N - 1,
     the largest depth, and verify_tree's own check then names the problem; no rows or no
     nodes give 0."""
-    p = _parents_arg(parents)
+    if not isinstance(parents, torch.Tensor):
+        return _depth_of_rows(_parents_rows(parents)[0])
+    p = parents
     if p.device.type == "meta":
         raise ValueError("parents is a meta tensor: its depth is unknown, pass depth= to verify_tree")
     p = p.detach().to("cpu", torch.int64)
     if p.numel() == 0:
         return 0
-    rows = p.reshape(-1, p.shape[-1]) if p.dim() else p.reshape(1, 1)
-    N = rows.shape[1]
-    depth = torch.zeros_like(rows)
-    for n in range(1, N):
-        par = rows[:, n]
-        if bool(((par < 0) | (par >= n)).any()):
-            return N - 1
-        depth[:, n] = depth.gather(1, par[:, None])[:, 0] + 1
-    return int(depth.max())
+    return _depth_of_rows(p.reshape(-1, p.shape[-1]).tolist() if p.dim() else [[int(p)]])
+
+
+def _depth_of_rows(rows) -> int:
+    """:func:`tree_depth` of ``rows`` (an [N] or [B, N] nested list of ints), in plain Python:
+    no tensor op, so a list ``parents`` needs no graph break or guard under torch.compile."""
+    if rows and not isinstance(rows[0], list):
+        rows = [rows]
+    best = 0
+    for row in rows:
+        depth = [0] * len(row)
+        for n in range(1, len(row)):
+            if not 0 <= row[n] < n:
+                return len(row) - 1
+            depth[n] = depth[row[n]] + 1
+        best = max([best] + depth)
+    return best
+
+
+_NEEDS_DEPTH = ("verify_tree under torch.compile(fullgraph=True) needs depth= when parents is a tensor (its depth "
+                "would be read from the tensor's values); pass depth=, or parents as a Python list")
+
+
+@torch.compiler.assume_constant_result
+def _refuse_tensor_depth_in_one_graph() -> bool:
+    """Run by dynamo at trace time (not traced), so its ValueError reaches the user with this
+    message first instead of dynamo's data-dependent guard error. Only a one-graph compile
+    refuses: otherwise the depth read is a graph break and runs eagerly, as it always did."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+        one_graph = bool(getattr(tx, "one_graph", False) or getattr(tx, "error_on_graph_break", False))
+    except Exception:  # another torch's internals: leave it to dynamo's own error
+        return False
+    if one_graph:
+        raise ValueError(_NEEDS_DEPTH)
+    return False
 
 
 def verify_tree(
@@ -129,15 +167,19 @@ def verify_tree(
     depth : int, optional
         D >= the tree's depth: the outputs hold D + 1 entries per row. None: computed from
         ``parents`` (:func:`tree_depth`; a device tensor then costs one host sync, so pass
-        ``depth`` in a decode loop or under CUDA-graph capture).
+        ``depth`` in a decode loop or under CUDA-graph capture). A list / tuple ``parents`` is
+        measured in plain Python, so it compiles (``torch.compile(fullgraph=True)``) without
+        ``depth``; a tensor ``parents`` there needs ``depth`` (``ValueError`` saying so).
 
     Returns
     -------
     TreeVerifyResult(tokens [B, D+1] int64, path [B, D+1] int64, num_accepted [B] int64,
     valid [B] bool)
     """
-    parents = _parents_arg(parents)
+    if depth is None and isinstance(parents, torch.Tensor) and torch.compiler.is_compiling():
+        _refuse_tensor_depth_in_one_graph()
     depth = tree_depth(parents) if depth is None else check_int("depth", depth, 0, 2**62)
+    parents = _parents_arg(parents)
     tokens, path, num_accepted, valid = _OPS.verify_tree(
         float_arg(target_logits), tree_token_ids, parents, float_arg(draft_probs), temperature_arg(temperature),
         seed_arg(seed), int64_arg(offset, "offset"), depth, *filter_args(top_k, top_p, min_p))
