@@ -110,3 +110,32 @@ def filtered_softmax64(logits: torch.Tensor, temperature: float, top_k: int = 0,
         keep &= p >= min_p * p.max(-1, keepdim=True).values
     out = torch.where(keep, p, torch.zeros_like(p))
     return (out / out.sum(-1, keepdim=True)).numpy()
+
+
+def sequence_law(next_probs, prompt, n: int, V: int) -> np.ndarray:
+    """Exact law of the first ``n`` generated tokens, flat over V^n (index t1 V^(n-1) + ... + tn).
+
+    next_probs(contexts) -> [len(contexts), V] float64: the target's next-token law after each
+    context (a list of token lists: the prompt then the tokens so far), e.g. a bigram table's
+    row of the last token or a model's filtered softmax. The chain rule over every prefix of
+    positive probability (so a top-k law needs only k + k^2 + ... contexts)."""
+    law = {(): 1.0}
+    for _ in range(n):
+        prefixes = list(law)
+        p = np.asarray(next_probs([list(prompt) + list(s) for s in prefixes]), dtype=np.float64)
+        law = {s + (int(x),): law[s] * row[x] for s, row in zip(prefixes, p.reshape(len(prefixes), V))
+               for x in np.flatnonzero(row > 0)}
+    flat = np.zeros(V ** n)
+    for s, prob in law.items():
+        flat[int(np.ravel_multi_index(s, (V,) * n))] = prob
+    return flat
+
+
+def sequence_counts(generated, n: int, V: int) -> np.ndarray:
+    """Counts over V^n of each row's first ``n`` generated tokens (rows of ``generated`` hold >= n)."""
+    gen = torch.tensor([g[:n] for g in generated], dtype=torch.int64)
+    assert gen.shape[1] == n, "a row stopped before n tokens"
+    flat = torch.zeros(gen.shape[0], dtype=torch.int64)
+    for i in range(n):
+        flat = flat * V + gen[:, i]
+    return torch.bincount(flat, minlength=V ** n).numpy()

@@ -11,7 +11,7 @@ import specdec_ext
 from helpers import draws
 from specdec_ext import SpecDecMetrics, SpeculativeEngine
 from specdec_ext.engine.adaptive_k import StepCosts
-from stats_reference import ALPHA, chi_square_pvalue
+from stats_reference import ALPHA, chi_square_pvalue, sequence_counts, sequence_law
 from table_models import BigramModel, ScriptedModel
 
 V = 6
@@ -23,24 +23,54 @@ def _tables(seed=0, scale=1.5):
 
 
 # ---------------------------------------------------------------- sampling law
-@pytest.mark.parametrize("temperature,k,adaptive", [(1.0, 3, False), (0.7, 2, "cost"), (1.5, 5, "threshold")])
-def test_first_two_tokens_follow_the_target_exactly(temperature, k, adaptive):
-    """20k rows, one prompt: the joint law of the first two generated tokens equals the
-    target's, enumerated exactly (chi-square at ALPHA, 36 cells)."""
-    target_t, draft_t = _tables(1), _tables(2) * 0.5 + _tables(1) * 0.5   # correlated draft
-    target, draft = BigramModel(target_t), BigramModel(draft_t)
+def _bigram_law(table, temperature, prompt, n):
+    """Exact law of a BigramModel's first n tokens after ``prompt`` (flat over V^n)."""
+    p = torch.softmax(table.double() / temperature, -1).numpy()
+    return sequence_law(lambda contexts: p[[c[-1] for c in contexts]], prompt, n, V)
+
+
+def _three_token_run(temperature, adaptive, seed=11):
+    """20k rows of one prompt, k = 3, 4 new tokens (so the first step may draft all 3: the
+    budget cap is max_new_tokens - 1), a correlated draft that is sometimes rejected."""
+    target_t, draft_t = _tables(1), _tables(2) * 0.5 + _tables(1) * 0.5
     N, x0 = draws(20_000), 3
     ids = torch.full((N, 2), x0, dtype=torch.int64)
-    out = SpeculativeEngine(target, draft, k=k, adaptive_k=adaptive).generate(ids, 2, temperature=temperature,
-                                                                              seed=11)
-    gen = torch.tensor(out.generated)
-    assert gen.shape == (N, 2)
-    counts = torch.bincount(gen[:, 0] * V + gen[:, 1], minlength=V * V).numpy()
-    p = torch.softmax(target_t.double() / temperature, -1).numpy()
-    expected = (p[x0][:, None] * p).ravel()
-    assert chi_square_pvalue(counts, expected) > ALPHA
+    out = SpeculativeEngine(BigramModel(target_t), BigramModel(draft_t), k=3, adaptive_k=adaptive).generate(
+        ids, 4, temperature=temperature, seed=seed)
+    return out, _bigram_law(target_t, temperature, [x0], 3)
+
+
+@pytest.mark.parametrize("temperature,adaptive", [(0.7, False), (1.3, False), (1.0, "threshold")])
+def test_first_three_tokens_follow_the_target_exactly(temperature, adaptive):
+    """The joint law of the first three generated tokens equals the target's, enumerated
+    exactly (chi-square at ALPHA, 216 cells), with steps that really draft K >= 2 (deeper
+    draft_probs, per-position offsets, multi-token rollback)."""
+    out, law = _three_token_run(temperature, adaptive)
+    first_ks = [s.ks[0] for s in out.stats]
+    if adaptive is False:
+        assert set(first_ks) == {3}, "the first step drafted 3 tokens in every row"
+    else:
+        assert sum(k >= 2 for k in first_ks) == len(first_ks), sorted(set(first_ks))
+    assert chi_square_pvalue(sequence_counts(out.generated, 3, V), law) > ALPHA
     acc = sum(s.accepted for s in out.stats) / max(1, sum(s.drafted for s in out.stats))
     assert 0.0 < acc < 1.0  # the test exercised both acceptance and rejection
+
+
+def test_three_token_law_detects_position_zero_draft_law(monkeypatch):
+    """Power check: an engine that gives every draft position the draft law of position 0
+    (a bug two-token tests cannot see, their steps draft one token) fails the same test."""
+    from specdec_ext.engine import engine as engine_module
+
+    real = engine_module.verify_phase
+
+    def position_zero_law(logits, draft_ids, draft_probs, *a, **k):
+        if draft_probs is not None:
+            draft_probs = draft_probs[:, :1].expand_as(draft_probs).contiguous()
+        return real(logits, draft_ids, draft_probs, *a, **k)
+
+    monkeypatch.setattr(engine_module, "verify_phase", position_zero_law)
+    out, law = _three_token_run(1.0, False)
+    assert chi_square_pvalue(sequence_counts(out.generated, 3, V), law) < ALPHA
 
 
 def test_sampling_law_detects_a_wrong_engine():
@@ -49,12 +79,9 @@ def test_sampling_law_detects_a_wrong_engine():
     N, x0 = draws(20_000), 3
     draft = BigramModel(draft_t)
     ids = torch.full((N, 2), x0, dtype=torch.int64)
-    out = SpeculativeEngine(draft, copy.deepcopy(draft), k=2, adaptive_k=False).generate(ids, 2, temperature=1.0,
+    out = SpeculativeEngine(draft, copy.deepcopy(draft), k=3, adaptive_k=False).generate(ids, 4, temperature=1.0,
                                                                                         seed=11)
-    gen = torch.tensor(out.generated)
-    counts = torch.bincount(gen[:, 0] * V + gen[:, 1], minlength=V * V).numpy()
-    p = torch.softmax(target_t.double(), -1).numpy()
-    assert chi_square_pvalue(counts, (p[x0][:, None] * p).ravel()) < ALPHA
+    assert chi_square_pvalue(sequence_counts(out.generated, 3, V), _bigram_law(target_t, 1.0, [x0], 3)) < ALPHA
 
 
 # ---------------------------------------------------------------- bookkeeping

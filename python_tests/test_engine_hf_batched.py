@@ -16,7 +16,7 @@ from helpers import draws, hf_fresh_prefill, ragged_prompts
 from specdec_ext import SpeculativeEngine
 from specdec_ext.errors import CacheFullError
 from specdec_ext.models import adapt
-from stats_reference import ALPHA, chi_square_pvalue
+from stats_reference import ALPHA, chi_square_pvalue, sequence_counts, sequence_law
 
 transformers = pytest.importorskip("transformers")
 from specdec_ext.models.hf import (BATCHED_MODEL_TYPES, RECOMPILE_LIMIT, HFBatchedSpecModel, HFSpecModel,  # noqa: E402
@@ -100,9 +100,11 @@ def test_per_row_path_is_still_exact(pair):
     assert torch.equal(out.sequences, ref)
 
 
-def test_first_two_tokens_follow_the_target_law():
-    """20k rows of one prompt through the batched HF path at T = 1: the joint law of the
-    first two tokens equals the target's, computed from the HF model (chi-square at ALPHA)."""
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_first_three_tokens_follow_the_target_law(temperature):
+    """20k rows of one prompt through the batched HF path: the joint law of the first three
+    tokens equals the target's, computed from the HF model (chi-square at ALPHA, 216 cells),
+    with a first step that drafts K = 3 (4 new tokens: the budget cap allows 3)."""
     V, N, prompt = 6, draws(20_000), [3, 1, 4]
 
     def peaked(seed):
@@ -115,16 +117,15 @@ def test_first_two_tokens_follow_the_target_law():
     ids = torch.tensor([prompt] * N)
     eng = SpeculativeEngine(target, draft, k=3, adaptive_k=False)
     assert isinstance(eng.target, HFBatchedSpecModel)
-    out = eng.generate(ids, 2, temperature=1.0, seed=11)
-    gen = torch.tensor(out.generated)
-    assert gen.shape == (N, 2)
-    counts = torch.bincount(gen[:, 0] * V + gen[:, 1], minlength=V * V).numpy()
-    with torch.no_grad():
-        p1 = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double(), -1)          # [V]
-        seconds = torch.tensor([prompt + [x] for x in range(V)])
-        p2 = torch.softmax(target(seconds).logits[:, -1].double(), -1)                          # [V, V]
-    expected = (p1[:, None] * p2).ravel().numpy()
-    assert chi_square_pvalue(counts, expected) > ALPHA
+    out = eng.generate(ids, 4, temperature=temperature, seed=11)
+    assert {s.ks[0] for s in out.stats} == {3}, "the first step drafted 3 tokens in every row"
+
+    def next_probs(contexts):
+        with torch.no_grad():
+            return torch.softmax(target(torch.tensor(contexts)).logits[:, -1].double() / temperature, -1).numpy()
+
+    law = sequence_law(next_probs, prompt, 3, V)
+    assert chi_square_pvalue(sequence_counts(out.generated, 3, V), law) > ALPHA
     acc = sum(s.accepted for s in out.stats) / max(1, sum(s.drafted for s in out.stats))
     assert 0.0 < acc < 1.0  # both acceptance and rejection happened
 

@@ -7,7 +7,7 @@ import torch
 from helpers import draws, ragged_prompts
 from specdec_ext import SpeculativeEngine
 from specdec_ext.engine.ngram import NgramIndex
-from stats_reference import ALPHA, chi_square_pvalue
+from stats_reference import ALPHA, chi_square_pvalue, sequence_counts, sequence_law
 from table_models import BigramModel
 
 V = 6
@@ -73,22 +73,23 @@ def test_greedy_equals_target_only(drafter, k):
     assert sum(s.accepted for s in out.stats) > 0  # the n-gram drafts were used and accepted
 
 
+@pytest.mark.parametrize("temperature", [0.8, 1.3])
 @pytest.mark.parametrize("drafter", ["ngram", "hybrid"])
-def test_first_two_tokens_follow_the_target_exactly(drafter):
-    """The exact law at T = 1: 20k rows of a prompt that holds a repeated bigram, so the
-    n-gram drafter proposes at the first two positions (chi-square at ALPHA, 36 cells)."""
+def test_first_three_tokens_follow_the_target_exactly(drafter, temperature):
+    """The exact law of the first three tokens (chi-square at ALPHA, 216 cells): 20k rows of a
+    prompt whose last token occurred before, followed by 4 1 5, so the first step drafts
+    K = 3 from the n-gram index (4 new tokens: the budget cap allows 3)."""
     t = _table(1)
     N = draws(20_000)
-    prompt = torch.tensor([3, 4, 3])  # after "3" the index proposes 4
-    ids = prompt.repeat(N, 1)
+    prompt = [3, 4, 1, 5, 3]  # after "3" the index proposes 4 1 5
+    ids = torch.tensor(prompt).repeat(N, 1)
     draft = None if drafter == "ngram" else BigramModel(_table(2))
-    out = SpeculativeEngine(BigramModel(t), draft, k=2, adaptive_k=False, drafter=drafter).generate(
-        ids, 2, temperature=1.0, seed=11)
-    gen = torch.tensor(out.generated)
-    counts = torch.bincount(gen[:, 0] * V + gen[:, 1], minlength=V * V).numpy()
-    p = torch.softmax(t.double(), -1).numpy()
-    expected = (p[3][:, None] * p).ravel()
-    assert chi_square_pvalue(counts, expected) > ALPHA
+    out = SpeculativeEngine(BigramModel(t), draft, k=3, adaptive_k=False, drafter=drafter).generate(
+        ids, 4, temperature=temperature, seed=11)
+    assert {s.ks[0] for s in out.stats} == {3}, "the first step drafted 3 tokens in every row"
+    p = torch.softmax(t.double() / temperature, -1).numpy()
+    law = sequence_law(lambda contexts: p[[c[-1] for c in contexts]], prompt, 3, V)
+    assert chi_square_pvalue(sequence_counts(out.generated, 3, V), law) > ALPHA
     acc = sum(s.accepted for s in out.stats) / max(1, sum(s.drafted for s in out.stats))
     assert 0.0 < acc < 1.0
 

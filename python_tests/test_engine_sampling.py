@@ -13,7 +13,7 @@ from specdec_ext import SpecDecMetrics, SpeculativeEngine
 from specdec_ext.engine import phases
 from specdec_ext.engine.adaptive_k import StepCosts
 from specdec_ext.models.base import SpecModel
-from stats_reference import ALPHA, chi_square_pvalue
+from stats_reference import ALPHA, chi_square_pvalue, sequence_counts, sequence_law
 from table_models import BigramModel
 
 transformers = pytest.importorskip("transformers")
@@ -132,27 +132,24 @@ PROMPT = [5, 17, 42]
 N = draws(20_000)
 
 
-def _hf_law(model, temperature, top_k, top_p):
-    """P(first two tokens) [V * V] of HF generate(do_sample=True, ...) after PROMPT: the
-    softmax of HF's own warpers (temperature, top-k, top-p) applied in float64."""
+def _hf_law(model, temperature, top_k, top_p, n=3):
+    """P(first n tokens) [V^n] of HF generate(do_sample=True, ...) after PROMPT: the softmax
+    of HF's own warpers (temperature, top-k, top-p) applied in float64, chained over every
+    prefix of positive probability."""
     warp = transformers.LogitsProcessorList([transformers.TemperatureLogitsWarper(temperature),
                                              transformers.TopKLogitsWarper(top_k),
                                              transformers.TopPLogitsWarper(top_p)])
 
-    def law(seq):
-        ids = torch.tensor([seq])
+    def next_probs(contexts):
+        ids = torch.tensor(contexts)
         with torch.no_grad():
-            return torch.softmax(warp(ids, model(ids).logits[:, -1]), -1)[0].numpy()
+            return torch.softmax(warp(ids, model(ids).logits[:, -1].double()), -1).numpy()
 
-    p1, joint = law(PROMPT), np.zeros((V, V))
-    for x in np.flatnonzero(p1):
-        joint[x] = p1[x] * law(PROMPT + [int(x)])
-    return joint.ravel()
+    return sequence_law(next_probs, PROMPT, n, V)
 
 
-def _pvalue(generated, law):
-    gen = torch.tensor(generated)
-    return chi_square_pvalue(torch.bincount(gen[:, 0] * V + gen[:, 1], minlength=V * V).numpy(), law)
+def _pvalue(generated, law, n=3):
+    return chi_square_pvalue(sequence_counts(generated, n, V), law)
 
 
 @pytest.fixture(scope="module")
@@ -164,18 +161,20 @@ def test_hf_generate_samples_the_reference_law(llamas, hf_law):
     """The closed form below is HF generate's law: its own samples pass the test."""
     torch.manual_seed(0)
     ids = torch.tensor([PROMPT]).expand(N, -1)
-    out = llamas["target"].generate(ids, do_sample=True, max_new_tokens=2, temperature=0.8, top_k=5, top_p=0.9,
+    out = llamas["target"].generate(ids, do_sample=True, max_new_tokens=3, temperature=0.8, top_k=5, top_p=0.9,
                                     pad_token_id=0)
     assert _pvalue(out[:, len(PROMPT):].tolist(), hf_law) > ALPHA
 
 
 @pytest.mark.parametrize("mode", ["exact", "coupled"])
-def test_first_two_tokens_follow_hf_generate_with_top_k_top_p(llamas, hf_law, mode):
+def test_first_three_tokens_follow_hf_generate_with_top_k_top_p(llamas, hf_law, mode):
     """The engine at T = 0.8, top_k = 5, top_p = 0.9 (20k rows, K = 3, a draft that is
-    sometimes rejected): chi-square of the first two tokens against HF's law."""
+    sometimes rejected, 4 new tokens so the first step drafts all 3): chi-square of the
+    first three tokens against HF's law."""
     draft = reference_model(near_copy(llamas["target"], 0.05, seed=3))
     eng = SpeculativeEngine(reference_model(llamas["target"]), draft, k=3, adaptive_k=False, verify_mode=mode)
-    out = eng.generate(torch.tensor([PROMPT]).expand(N, -1), 2, temperature=0.8, top_k=5, top_p=0.9, seed=17)
+    out = eng.generate(torch.tensor([PROMPT]).expand(N, -1), 4, temperature=0.8, top_k=5, top_p=0.9, seed=17)
+    assert {s.ks[0] for s in out.stats} == {3}, "the first step drafted 3 tokens in every row"
     assert _pvalue(out.generated, hf_law) > ALPHA
     acc = sum(s.accepted for s in out.stats) / sum(s.drafted for s in out.stats)
     assert 0.0 < acc < 1.0
@@ -185,7 +184,7 @@ def test_the_law_test_detects_unfiltered_sampling(llamas, hf_law):
     """Power check: the engine without the filters fails the same test."""
     eng = SpeculativeEngine(reference_model(llamas["target"]), reference_model(llamas["good"]), k=3,
                             adaptive_k=False)
-    out = eng.generate(torch.tensor([PROMPT]).expand(N, -1), 2, temperature=0.8, seed=17)
+    out = eng.generate(torch.tensor([PROMPT]).expand(N, -1), 4, temperature=0.8, seed=17)
     assert _pvalue(out.generated, hf_law) < ALPHA
 
 
