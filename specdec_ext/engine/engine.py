@@ -330,7 +330,9 @@ class SpeculativeEngine:
         timer = make_timer(self.device)
         with sync:
             timer.mark()
-            ks, draft_ids, draft_probs, how = self._draft(run, run.choose_ks())
+            ks = run.choose_ks()
+            self._trim_finished(run, max(ks, default=0) + 1)
+            ks, draft_ids, draft_probs, how = self._draft(run, ks)
             k = draft_ids.shape[1]
             timer.mark()
             logits = score_phase(self.target, run.last, draft_ids)
@@ -361,6 +363,7 @@ class SpeculativeEngine:
         shape, B = self.tree, len(run.prompts)
         depth = choose_depth(shape, run)
         N, parents = shape.num_nodes(depth), shape.parents_on(depth, self.device)
+        self._trim_finished(run, N)
         with sync:
             timer.mark()
             if depth > 0:
@@ -387,6 +390,15 @@ class SpeculativeEngine:
         run.apply(commits, depth)
         run.last = self._to_device(torch.tensor(run.last_tokens(), dtype=torch.int64))
         self._account(run, depth, commits, timer.read(), time.perf_counter() - t0, width=N)
+
+    def _trim_finished(self, run: Run, width: int) -> None:
+        """Make room for a step of ``width`` entries per row in the finished rows' caches (their
+        output is final; they still run in the batch): drop their newest entries."""
+        counts = run.trim_finished(width)
+        if any(counts):
+            drop_entries(self.target, counts)
+            if self.draft is not None:
+                drop_entries(self.draft, counts)
 
     def _draft(self, run: Run, ks: List[int]):
         """(each row's K, draft_ids [B, K], draft_probs [B, K, V] or None, what the draft model

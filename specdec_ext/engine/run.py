@@ -40,6 +40,7 @@ class Run:
     generated: List[List[int]] = field(default_factory=list)
     pending: List[List[int]] = field(default_factory=list)
     active: List[bool] = field(default_factory=list)
+    trimmed: List[int] = field(default_factory=list)  # entries dropped from each finished row (see trim_finished)
     stats: List[RowStats] = field(default_factory=list)
     alpha: Optional[AcceptanceEstimator] = None
     phase: PhaseTimes = field(default_factory=PhaseTimes)
@@ -51,19 +52,38 @@ class Run:
         self.generated = [[] for _ in range(B)]
         self.pending = [[p[-1]] for p in self.prompts]
         self.active = [self.max_new_tokens > 0] * B
+        self.trimmed = [0] * B
         self.stats = [RowStats() for _ in range(B)]
         self.alpha = AcceptanceEstimator(B)
+
+    def room(self, b: int) -> int:
+        """The most drafts row b's caches can take in one step (K + 1 entries): the target
+        holds prompt - 1 + generated entries of a row (less what :meth:`trim_finished` dropped),
+        the draft never more."""
+        return self.cache_len - len(self.prompts[b]) - len(self.generated[b]) + self.trimmed[b]
+
+    def active_room(self) -> int:
+        """:meth:`room` of the tightest active row (finished rows are made to fit instead)."""
+        return min((self.room(b) for b in range(len(self.prompts)) if self.active[b]), default=0)
+
+    def trim_finished(self, width: int) -> List[int]:
+        """Entries to drop from each row so that every FINISHED row (it still runs in the batch,
+        its output is final) can take a step of ``width`` entries: a row at the cache's end
+        (e.g. at the model's position limit) would otherwise overflow it. 0 for active rows."""
+        counts = [0 if self.active[b] else max(0, width - 1 - self.room(b)) for b in range(len(self.prompts))]
+        self.trimmed = [t + c for t, c in zip(self.trimmed, counts)]
+        return counts
 
     def choose_ks(self) -> List[int]:
         """Each row's K for this step (0 for a finished row), from :class:`PerRowK`: a row at
         T > 0 (exact mode) its own policy's choice from its own acceptance estimate, a greedy
         / coupled row the step's K (the shared choice, or a larger own-row choice). Every
         choice is capped first so that the row does not draft past its token budget (a
-        step emits at most K + 1 tokens) and so that every row, finished ones included (they
-        still run in the batch), can take the step's max K + 1 entries: the target holds
-        prompt - 1 + generated entries of a row, the draft never more."""
+        step emits at most K + 1 tokens) and so that every active row can take the step's
+        max K + 1 entries (:meth:`active_room`; finished rows are trimmed to fit,
+        :meth:`trim_finished`)."""
         B = len(self.prompts)
-        room = min(self.cache_len - len(p) - len(g) for p, g in zip(self.prompts, self.generated))
+        room = self.active_room()
         caps = {b: max(0, min(self.max_new_tokens - len(self.generated[b]) - 1, room))
                 for b in range(B) if self.active[b]}
         chosen = self.policy.choose({b: self.alpha.alpha(b) for b in caps}, self.costs, caps)

@@ -92,10 +92,10 @@ class TreeShape:
 
 def choose_depth(shape: TreeShape, run) -> int:
     """The step's depth d <= D: no deeper than any active row's token budget needs (a step
-    emits at most d + 1 tokens) and shallow enough that every row, finished ones included
-    (they still run in the batch), can take the step's N_d entries (the chain's K caps of
-    :meth:`Run.choose_ks`, with N_d - 1 in place of K)."""
-    room = min(run.cache_len - len(p) - len(g) for p, g in zip(run.prompts, run.generated))
+    emits at most d + 1 tokens) and shallow enough that every active row can take the step's
+    N_d entries (the chain's K caps of :meth:`Run.choose_ks`, with N_d - 1 in place of K;
+    finished rows are trimmed to fit, :meth:`Run.trim_finished`)."""
+    room = run.active_room()
     budget = max(run.max_new_tokens - len(g) - 1 for g, a in zip(run.generated, run.active) if a)
     d = max(0, min(shape.depth, budget))
     while d > 0 and shape.num_nodes(d) - 1 > room:
