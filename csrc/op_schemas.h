@@ -276,17 +276,60 @@ inline constexpr const char* kPagedKvCompactSchema =
     "paged_kv_compact_(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor block_tables, Tensor lengths, "
     "Tensor src_index, Tensor count, Tensor(c!)? invalid=None) -> ()";
 
-// Every op, in registration order; kCudaOps: the ops that have a CUDA kernel.
-inline constexpr const char* kAll[] = {kVerifySchema,          kSampleSchema,         kFilteredProbsSchema,
-                                       kMaskLogitsSchema,      kLogprobsSchema,       kVerifyTreeSchema,
-                                       kVerifyShardSchema,     kVerifyShardFinishSchema,
-                                       kVerifyReferenceSchema, kSampleReferenceSchema, kKvAppendSchema,
-                                       kKvRollbackSchema,      kPagedKvAppendSchema,  kPagedKvGatherSchema,
-                                       kPagedKvGatherIntoSchema, kKvCompactSchema,    kPagedKvCompactSchema};
-inline constexpr const char* kCudaOps[] = {kVerifySchema,        kSampleSchema,        kFilteredProbsSchema,
-                                           kMaskLogitsSchema,    kLogprobsSchema,      kVerifyTreeSchema,
-                                           kVerifyShardSchema,   kVerifyShardFinishSchema, kKvAppendSchema,
-                                           kKvRollbackSchema,    kPagedKvAppendSchema, kPagedKvGatherSchema,
-                                           kPagedKvGatherIntoSchema, kKvCompactSchema, kPagedKvCompactSchema};
+// ---- The op table: every op declared ONCE. csrc/ops.cpp defines each as torch.ops.specdec.*,
+// puts the device rule (BackendSelect) in front of each and exports the table to Python
+// (specdec_ext._C.OPS, read by specdec_ext/ops/registry.py, which the tests, the SIMT wrappers and
+// the coverage gate derive their op lists from); csrc/simt/ops_simt.cpp defines the ops with a
+// CUDA kernel as torch.ops.specdec_simt.*. A backend's kernels are registered next to its
+// launchers (csrc/cpu, csrc/cuda, csrc/simt); the registry test (python_tests/test_op_registry.py)
+// fails when one is missing.
+
+// Where an op has kernels.
+enum Backend : unsigned { kCpu = 1u, kCuda = 2u };
+
+// The tensor arguments that may be CPU tensors when the data is on an accelerator (a 0-dim one
+// is read on the host, a [B] one copied without a host sync); comma-separated.
+inline constexpr const char* kSamplingHostArgs = "temperature,seed,offset,top_k,top_p,min_p,num_drafts";
+inline constexpr const char* kTreeHostArgs = "temperature,seed,offset,top_k,top_p,min_p,parents";
+inline constexpr const char* kNoHostArgs = "";
+
+struct OpDecl {
+  const char* name;       // the op's name (torch.ops.specdec.<name>)
+  const char* schema;     // its schema, above
+  unsigned backends;      // Backend bits: where its kernels are
+  const char* host_args;  // the tensor arguments that may stay on the host
+  const char* cuda_file;  // the csrc/cuda file holding its kernel bodies (nullptr: no CUDA kernel)
+};
+
+inline constexpr OpDecl kOps[] = {
+    {"verify", kVerifySchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},
+    {"sample", kSampleSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},
+    {"filtered_probs", kFilteredProbsSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},
+    {"mask_logits", kMaskLogitsSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},
+    {"logprobs", kLogprobsSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},
+    {"verify_tree", kVerifyTreeSchema, kCpu | kCuda, kTreeHostArgs, "cuda/tree_kernels.cuh"},
+    {"verify_shard", kVerifyShardSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/shard_kernels.cuh"},
+    {"verify_shard_finish", kVerifyShardFinishSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/shard_kernels.cuh"},
+    {"verify_reference", kVerifyReferenceSchema, kCpu, kSamplingHostArgs, nullptr},
+    {"sample_reference", kSampleReferenceSchema, kCpu, kSamplingHostArgs, nullptr},
+    {"kv_append_", kKvAppendSchema, kCpu | kCuda, kNoHostArgs, "cuda/kv_kernels.cuh"},
+    {"kv_rollback_", kKvRollbackSchema, kCpu | kCuda, kNoHostArgs, "cuda/kv_kernels.cuh"},
+    {"paged_kv_append_", kPagedKvAppendSchema, kCpu | kCuda, kNoHostArgs, "cuda/kv_kernels.cuh"},
+    {"paged_kv_gather", kPagedKvGatherSchema, kCpu | kCuda, kNoHostArgs, "cuda/kv_kernels.cuh"},
+    {"paged_kv_gather_into_", kPagedKvGatherIntoSchema, kCpu | kCuda, kNoHostArgs, "cuda/kv_kernels.cuh"},
+    {"kv_compact_", kKvCompactSchema, kCpu | kCuda, kNoHostArgs, "cuda/kv_kernels.cuh"},
+    {"paged_kv_compact_", kPagedKvCompactSchema, kCpu | kCuda, kNoHostArgs, "cuda/kv_kernels.cuh"},
+};
+
+// The declaration of the op named `name` (an unqualified name), or nullptr.
+inline const OpDecl* find_op(const char* name) {
+  for (const OpDecl& op : kOps) {
+    const char* a = op.name;
+    const char* b = name;
+    while (*a != '\0' && *a == *b) ++a, ++b;
+    if (*a == '\0' && *b == '\0') return &op;
+  }
+  return nullptr;
+}
 
 }  // namespace specdec::schemas

@@ -182,3 +182,16 @@ def test_metrics_port_zero_prints_the_chosen_port(capsys):
     lines = [line for line in err.splitlines() if line.startswith("metrics: ")]
     assert len(lines) == 1 and re.fullmatch(r"metrics: http://127\.0\.0\.1:\d+/metrics", lines[0]), err
     assert not lines[0].endswith(":0/metrics")
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--tree", "100", "100", "100"], "one target pass scores its 1010101 nodes, but the target model holds 2048 "
+                                      "positions and the prompt takes 1; use --tree 100 19 or smaller"),
+    (["--k", "100000", "--fixed-k"], "--k 100000: a step scores K + 1 = 100001 positions, but the target model holds "
+                                     "2048 and the prompt takes 1; use --k 2047 or less"),
+    (["--k", "100000"], "use --k 2047 or less"),
+])
+def test_speculation_that_does_not_fit_is_refused_with_the_largest_that_fits(capsys, nothing_runs, argv, msg):
+    """A tree or K one target pass cannot hold used to run silently cut (--tree 100 100 100 at depth 1)."""
+    rc, err = _run(capsys, "generate", ["--prompt-ids", "5"] + argv)
+    assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err

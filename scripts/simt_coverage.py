@@ -21,9 +21,20 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-#: the files that hold kernel bodies (device code); the rest of csrc/cuda is launch code
-KERNEL_FILES = ("csrc/cuda/sampling_kernels.cuh", "csrc/cuda/kv_kernels.cuh", "csrc/cuda/block_reduce.cuh",
-                "csrc/cuda/tree_kernels.cuh", "csrc/cuda/tile_stats.cuh", "csrc/cuda/shard_kernels.cuh")
+#: device primitives the kernels share (no op of their own in the op table)
+SHARED_KERNEL_FILES = ("csrc/cuda/block_reduce.cuh", "csrc/cuda/tile_stats.cuh")
+
+
+def kernel_files() -> tuple:
+    """The files that hold kernel bodies (device code): each op's CUDA kernel file from the op
+    table (specdec_ext.ops.registry), and the shared primitives; the rest of csrc/cuda is launch code."""
+    from specdec_ext.ops import registry
+
+    ops = {f"csrc/{op.cuda_file}" for op in registry.OPS.values() if op.cuda_file}
+    return tuple(sorted(ops | set(SHARED_KERNEL_FILES)))
+
+
+KERNEL_FILES = kernel_files()
 
 
 def line_counts(build_dir: pathlib.Path) -> dict[str, dict[int, int]]:

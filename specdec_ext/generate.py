@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import socket
 import statistics
@@ -224,6 +225,37 @@ def fits_message(prompt_len: int, max_new_tokens: int, capacities) -> Optional[s
     return None
 
 
+def speculation_fits_message(tree: Optional[List[int]], k: int, prompt_len: int, capacities) -> Optional[str]:
+    """None when one target pass of the speculation (K + 1 positions, or every node of the
+    tree) fits each model next to the prompt, else the one-line reason with the largest
+    --k / --tree that fits (the engine would otherwise cut K or the depth at every step)."""
+    for name, cap in capacities:
+        if cap is None:
+            continue
+        room = cap - (prompt_len - 1)  # the first pass: prompt - 1 entries held, then the pass
+        if tree is None:
+            if k + 1 > room:
+                return (f"--k {k}: a step scores K + 1 = {k + 1} positions, but the {name} model holds {cap} and the "
+                        f"prompt takes {prompt_len}; use --k {max(0, room - 1)} or less")
+            continue
+        nodes, level, fits = 1, 1, []
+        for b in tree:
+            if nodes + level * b > room:
+                best = (room - nodes) // level
+                fits += [best] if best >= 1 else []
+                break
+            level *= b
+            nodes += level
+            fits.append(b)
+        else:
+            continue
+        total = sum(math.prod(tree[:i + 1]) for i in range(len(tree))) + 1
+        advice = f"use --tree {' '.join(map(str, fits))} or smaller" if fits else "use --k (a chain) instead"
+        return (f"--tree {' '.join(map(str, tree))}: one target pass scores its {total} nodes, but the {name} model "
+                f"holds {cap} positions and the prompt takes {prompt_len}; {advice}")
+    return None
+
+
 def _config_capacities(args) -> List[Tuple[str, Optional[int]]]:
     """(name, config.json's max_position_embeddings) of each model the run loads."""
     names = ["target"] + (["draft"] if _uses_draft_model(args) else [])
@@ -296,7 +328,8 @@ def check_args(ap: argparse.ArgumentParser, args) -> dict:
     prompt_ids = encode_prompt(args)[1]
     if not prompt_ids:
         ap.error("--prompt encodes to no tokens")
-    problem = fits_message(len(prompt_ids), args.max_new_tokens, _config_capacities(args))
+    problem = fits_message(len(prompt_ids), args.max_new_tokens, _config_capacities(args)) or \
+        speculation_fits_message(args.tree, args.k, len(prompt_ids), _config_capacities(args))
     if problem:
         ap.error(problem)
     if args.metrics_port is not None:

@@ -183,7 +183,8 @@ void paged_kv_compact_simt(at::Tensor& key_cache, at::Tensor& value_cache, const
 }  // namespace specdec::simt_ops
 
 TORCH_LIBRARY(specdec_simt, m) {
-  for (const char* schema : specdec::schemas::kCudaOps) m.def(schema);
+  for (const auto& op : specdec::schemas::kOps)
+    if (op.backends & specdec::schemas::kCuda) m.def(op.schema);
   // Emulator only: [ordinary, cooperative, refused cooperative] launches since the library
   // was loaded (simt::launch_counts), so tests can see which launch path a call took.
   m.def("launch_counts() -> int[]", &specdec::simt_ops::launch_counts);
