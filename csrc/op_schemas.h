@@ -83,6 +83,14 @@ inline constexpr const char* kFilteredProbsSchema =
     "filtered_probs(Tensor logits, Tensor temperature, Tensor? top_k=None, Tensor? top_p=None, "
     "Tensor? min_p=None, bool probs_input=False) -> Tensor";
 
+// Fused temperature softmax of each row (FlashInfer's sampling.softmax): filtered_probs with no
+// filter, i.e. the same passes and arithmetic, so the same bits, in one launch.
+//   logits      [B, V] float32|float16|bfloat16 (vocab dim stride 1, else copied)
+//   temperature float32 [] or [B], as in sample; 0 = one-hot at the first argmax
+// returns probs [B, V] float32, softmax(logits / temperature); all 0 for a row with a NaN / +inf
+// logit, all -inf, or an unusable per-row temperature (as filtered_probs)
+inline constexpr const char* kSoftmaxSchema = "softmax(Tensor logits, Tensor temperature) -> Tensor";
+
 // The same cutoffs as filtered_probs, applied to the logits: returns [B, V] in the logits'
 // dtype, each logit copied where it is kept and -inf elsewhere (the first argmax only for a
 // greedy row; all NaN for an invalid row). The temperature only moves the top-p / min-p
@@ -306,6 +314,7 @@ inline constexpr OpDecl kOps[] = {
     {"sample", kSampleSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},
     {"filtered_probs", kFilteredProbsSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},
     {"mask_logits", kMaskLogitsSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},
+    {"softmax", kSoftmaxSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},
     {"logprobs", kLogprobsSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},
     {"verify_tree", kVerifyTreeSchema, kCpu | kCuda, kTreeHostArgs, "cuda/tree_kernels.cuh"},
     {"verify_shard", kVerifyShardSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/shard_kernels.cuh"},

@@ -664,27 +664,46 @@ def test_generator_and_default_generator():
 
 # ---- signatures and argument errors ----
 
-# FlashInfer's parameter names and defaults (flashinfer/sampling.py), in order
+# FlashInfer 0.7.4's public flashinfer.sampling functions: parameter names and defaults
+# (flashinfer/sampling.py of that release; ../shared/reference/NOTES.md), in order
 _SAMPLE_TAIL = [("deterministic", True), ("generator", None), ("check_nan", False), ("seed", None), ("offset", None)]
 SIGNATURES = {
+    "softmax": [("logits",), ("temperature", None), ("enable_pdl", None)],
     "sampling_from_logits": [("logits",), ("indices", None)] + _SAMPLE_TAIL,
     "sampling_from_probs": [("probs",), ("indices", None)] + _SAMPLE_TAIL + [("return_valid", False)],
     "top_p_sampling_from_probs": [("probs",), ("top_p",), ("indices", None)] + _SAMPLE_TAIL + [("return_valid", False)],
     "top_k_sampling_from_probs": [("probs",), ("top_k",), ("indices", None)] + _SAMPLE_TAIL + [("return_valid", False)],
     "min_p_sampling_from_probs": [("probs",), ("min_p",), ("indices", None)] + _SAMPLE_TAIL + [("return_valid", False)],
     "top_k_top_p_sampling_from_logits": [("logits",), ("top_k",), ("top_p",), ("indices", None),
-                                         ("filter_apply_order", "top_k_first")] + _SAMPLE_TAIL,
+                                         ("filter_apply_order", "top_k_first")] + _SAMPLE_TAIL
+                                        + [("top_k_max", None)],
     "top_k_top_p_sampling_from_probs": [("probs",), ("top_k",), ("top_p",), ("indices", None),
                                         ("filter_apply_order", "top_k_first")] + _SAMPLE_TAIL
-                                       + [("return_valid", False)],
+                                       + [("return_valid", False), ("top_k_max", None)],
     "top_p_renorm_probs": [("probs",), ("top_p",), ("is_deterministic", False)],
-    "top_k_renorm_probs": [("probs",), ("top_k",)],
+    "top_k_renorm_probs": [("probs",), ("top_k",), ("is_deterministic", False)],
     "top_k_mask_logits": [("logits",), ("top_k",)],
     "chain_speculative_sampling": [("draft_probs",), ("draft_token_ids",), ("target_probs",),
                                    ("maybe_output_accepted_token_num", None),
                                    ("maybe_output_emitted_draft_token_num", None), ("deterministic", True),
                                    ("generator", None), ("seed", None), ("offset", None)],
 }
+
+
+#: FlashInfer sampling functions not provided here, and why
+DELIBERATELY_ABSENT = {
+    "log_softmax": "newer than 0.7.4; verify / sample(logprobs=) report the emitted tokens' logprobs",
+    "log_probs": "newer than 0.7.4; specdec_ext.ops logprobs (verify / sample with logprobs=n)",
+}
+
+
+def test_every_public_function_is_listed():
+    """Every function the shim exports is one of FlashInfer's (SIGNATURES), and every FlashInfer
+    function is either here or deliberately absent (the aliases *_renorm_prob are FlashInfer's
+    own old names)."""
+    exported = set(fi.__all__) - {"top_k_renorm_prob", "top_p_renorm_prob"}
+    assert exported == set(SIGNATURES)
+    assert not set(DELIBERATELY_ABSENT) & exported
 
 
 @pytest.mark.parametrize("name", list(SIGNATURES))
@@ -783,3 +802,18 @@ _IDS = torch.zeros(3, 2, dtype=torch.int32)
 def test_chain_bad_arguments(call, err, msg):
     with pytest.raises(err, match=msg):
         call()
+
+
+def test_softmax_then_chain_speculative_sampling():
+    """The usual FlashInfer code path: probabilities from softmax, then chain verification."""
+    g = torch.Generator().manual_seed(5)
+    B, K, V = 4, 3, 50
+    target = fi.softmax(torch.randn(B, K + 1, V, generator=g).view(B * (K + 1), V), 0.8).view(B, K + 1, V)
+    draft = fi.softmax(torch.randn(B * K, V, generator=g), torch.full((B * K,), 0.9)).view(B, K, V)
+    torch.testing.assert_close(target.sum(-1), torch.ones(B, K + 1))
+    ids = torch.multinomial(draft.view(B * K, V), 1, generator=g).view(B, K).to(torch.int32)
+    out, accepted, emitted = fi.chain_speculative_sampling(draft, ids, target, seed=1, offset=0)
+    assert out.shape == (B, K + 1) and out.dtype == torch.int32
+    assert bool(((out >= 0) & (out < V) | (out == -1)).all())
+    with pytest.raises(ValueError, match="temperature"):
+        fi.softmax(torch.randn(2, 5), torch.ones(3))

@@ -51,6 +51,10 @@ def _filtered():
     return [torch.randn(B, V, generator=g), torch.full((B,), 0.7), torch.tensor(20), None, torch.tensor(0.05), False]
 
 
+def _softmax():
+    return _filtered()[:2]
+
+
 def _mask_logits():
     return _filtered()[:5]
 
@@ -142,7 +146,7 @@ def _paged_kv_compact():
 
 #: op name -> a function giving one call's arguments (every optional output buffer passed)
 CALLS = {
-    "verify": _verify, "sample": _sample, "filtered_probs": _filtered, "mask_logits": _mask_logits,
+    "verify": _verify, "sample": _sample, "filtered_probs": _filtered, "mask_logits": _mask_logits, "softmax": _softmax,
     "logprobs": _logprobs, "verify_tree": _verify_tree, "verify_shard": _verify_shard,
     "verify_shard_finish": _verify_shard_finish,
     "verify_reference": lambda: _verify()[:12], "sample_reference": lambda: [a for i, a in enumerate(_sample()[:9])

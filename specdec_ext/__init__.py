@@ -25,7 +25,7 @@ from .engine import GenerationOutput, RowStats, SpecDecMetrics, SpeculativeEngin
 from .errors import CacheFullError, DeviceFlagError, ModelOutputError, OutOfBlocksError, SpecDecError
 from .ops import (LogprobsResult, TreeVerifyResult, VerifyResult, filtered_probs, kv_append_, kv_compact_,
                   kv_rollback_, mask_logits, paged_kv_append_, paged_kv_compact_, paged_kv_gather, sample,
-                  tree_depth, verify, verify_tree)
+                  softmax, tree_depth, verify, verify_tree)
 
 __version__ = "0.1.0"
 
@@ -40,5 +40,5 @@ __all__ = ["Allocation", "BlockManager", "CacheFullError", "DeviceFlagError", "G
            "SpecDecError", "SpecDecMetrics", "SpeculativeEngine", "TreeNodes", "TreeVerifyResult",
            "VerifyResult", "filtered_probs", "has_cuda_kernels", "kv_append_", "kv_compact_",
            "kv_rollback_", "mask_logits", "paged_kv_append_", "paged_kv_compact_", "paged_kv_gather",
-           "sample", "spec_attention_mask", "spec_attention_mask_bool", "tree_attention_mask",
+           "sample", "softmax", "spec_attention_mask", "spec_attention_mask_bool", "tree_attention_mask",
            "tree_attention_mask_bool", "tree_depth", "tree_positions", "verify", "verify_tree"]

@@ -81,6 +81,10 @@ at::Tensor mask_logits_cpu(const at::Tensor& logits, const at::Tensor& temperatu
   return filtered_cpu(logits, temperature, top_k, top_p, min_p, false, FilteredOutput::kMask);
 }
 
+at::Tensor softmax_cpu(const at::Tensor& logits, const at::Tensor& temperature) {
+  return filtered_cpu(logits, temperature, std::nullopt, std::nullopt, std::nullopt, false, FilteredOutput::kProbs);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_cpu(const at::Tensor& logits, const at::Tensor& tokens,
                                                          const at::Tensor& temperature, const OptTensor& top_k,
                                                          const OptTensor& top_p, const OptTensor& min_p,
@@ -214,6 +218,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("sample", &sample_cpu);
   m.impl("filtered_probs", &filtered_probs_cpu);
   m.impl("mask_logits", &mask_logits_cpu);
+  m.impl("softmax", &softmax_cpu);
   m.impl("logprobs", &logprobs_cpu);
   m.impl("verify_tree", &verify_tree_cpu);
   m.impl("verify_shard", &verify_shard_cpu);

@@ -89,6 +89,10 @@ at::Tensor mask_logits_cuda(const at::Tensor& logits, const at::Tensor& temperat
   return filtered_cuda(logits, temperature, top_k, top_p, min_p, false, FilteredOutput::kMask);
 }
 
+at::Tensor softmax_cuda(const at::Tensor& logits, const at::Tensor& temperature) {
+  return filtered_cuda(logits, temperature, std::nullopt, std::nullopt, std::nullopt, false, FilteredOutput::kProbs);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_cuda(const at::Tensor& logits, const at::Tensor& tokens,
                                                           const at::Tensor& temperature, const OptTensor& top_k,
                                                           const OptTensor& top_p, const OptTensor& min_p,
@@ -176,6 +180,7 @@ TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("sample", &sample_cuda);
   m.impl("filtered_probs", &filtered_probs_cuda);
   m.impl("mask_logits", &mask_logits_cuda);
+  m.impl("softmax", &softmax_cuda);
   m.impl("logprobs", &logprobs_cuda);
   m.impl("verify_tree", &verify_tree_cuda);
   m.impl("verify_shard", &verify_shard_cuda);

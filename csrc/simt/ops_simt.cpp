@@ -72,6 +72,10 @@ at::Tensor mask_logits_simt(const at::Tensor& logits, const at::Tensor& temperat
   return filtered_simt(logits, temperature, top_k, top_p, min_p, false, FilteredOutput::kMask);
 }
 
+at::Tensor softmax_simt(const at::Tensor& logits, const at::Tensor& temperature) {
+  return filtered_simt(logits, temperature, std::nullopt, std::nullopt, std::nullopt, false, FilteredOutput::kProbs);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_simt(const at::Tensor& logits, const at::Tensor& tokens,
                                                           const at::Tensor& temperature, const OptTensor& top_k,
                                                           const OptTensor& top_p, const OptTensor& min_p,
@@ -196,6 +200,7 @@ TORCH_LIBRARY_IMPL(specdec_simt, CPU, m) {
   m.impl("sample", &sample_simt);
   m.impl("filtered_probs", &filtered_probs_simt);
   m.impl("mask_logits", &mask_logits_simt);
+  m.impl("softmax", &softmax_simt);
   m.impl("logprobs", &logprobs_simt);
   m.impl("verify_tree", &verify_tree_simt);
   m.impl("verify_shard", &verify_shard_simt);

@@ -394,7 +394,8 @@ def main(argv):
                     help="rounds of every row, interleaved; ratios are per-round medians (default 1; use 3 or more "
                          "for figures on a shared machine)")
     ap.add_argument("--json", metavar="PATH", type=output_path)
-    ap.add_argument("--plot", metavar="PNG", type=output_path, help="speedup vs K, measured and predicted (needs matplotlib)")
+    ap.add_argument("--plot", metavar="PNG", type=output_path,
+                    help="speedup vs K, measured and predicted (needs matplotlib)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--compile", action="store_true",
                     help="add an 'engine ngram compiled' row (the n-gram engine on torch.compile'd decode steps) "

@@ -155,7 +155,8 @@ def main(argv: List[str]) -> None:
     p.add_argument("--json", metavar="PATH", type=output_path, help="write the rows as JSON")
     p.add_argument("--max-len", type=int_in(1), default=2048, help="contiguous cache capacity (default 2048)")
     p.add_argument("--context", type=int_in(1), default=1024, help="tokens per row gathered (default 1024)")
-    p.add_argument("--min-seconds", type=float_in(0, low_open=True), default=0.1, help="time per measurement (default 0.1)")
+    p.add_argument("--min-seconds", type=float_in(0, low_open=True), default=0.1,
+                   help="time per measurement (default 0.1)")
     p.add_argument("--batch", type=int_in(1), nargs="+", default=[1, 32])
     p.add_argument("--seq", type=int_in(1), nargs="+", default=[1, 6], help="S: tokens appended per row")
     p.add_argument("--dtype", choices=sorted(DTYPES), nargs="+", default=["fp16", "bf16"])

@@ -251,7 +251,8 @@ def _arch(text: str) -> str:
 def main(argv):
     ap = OneLineParser(prog="python -m specdec_ext.bench sass", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lib", type=_existing_file, help="the built library (default: specdec_ext/_C*.so next to this package)")
+    ap.add_argument("--lib", type=_existing_file,
+                    help="the built library (default: specdec_ext/_C*.so next to this package)")
     ap.add_argument("--arch", type=_arch, default=None, help="only this SASS arch (e.g. sm_90); default: all")
     ap.add_argument("--json", metavar="PATH", type=output_path, help="write the rows as JSON")
     args = ap.parse_args(argv)

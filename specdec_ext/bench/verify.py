@@ -296,7 +296,8 @@ def main(argv):
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
     ap.add_argument("--B", type=int_in(1), nargs="*"), ap.add_argument("--K", type=int_in(1), nargs="*")
     ap.add_argument("--V", type=int_in(1), nargs="*"), ap.add_argument("--dtype", nargs="*", choices=list(DTYPES))
-    ap.add_argument("--json", metavar="PATH", type=output_path, help="write all rows as JSON (benchmarks/check_targets.py reads it)")
+    ap.add_argument("--json", metavar="PATH", type=output_path,
+                    help="write all rows as JSON (benchmarks/check_targets.py reads it)")
     ap.add_argument("--cold", action="store_true",
                     help="also time with cold caches (a buffer > last-level cache streamed before every call)")
     ap.add_argument("--sample", action="store_true", help=f"add rows of the sample op {SAMPLE}")

@@ -85,10 +85,11 @@ import torch
 
 import specdec_ext
 
+from .._validate import check_int
 from ..ops._args import bool_arg, seed_arg
 
 __all__ = ["chain_speculative_sampling", "min_p_sampling_from_probs", "sampling_from_logits", "sampling_from_probs",
-           "top_k_mask_logits", "top_k_renorm_prob", "top_k_renorm_probs", "top_k_sampling_from_probs",
+           "softmax", "top_k_mask_logits", "top_k_renorm_prob", "top_k_renorm_probs", "top_k_sampling_from_probs",
            "top_k_top_p_sampling_from_logits", "top_k_top_p_sampling_from_probs", "top_p_renorm_prob",
            "top_p_renorm_probs", "top_p_sampling_from_probs"]
 
@@ -109,6 +110,11 @@ _ACCEPT_SALT = 0x2545F4914F6CDD1D
 def _check_bool(**flags) -> None:
     for name, value in flags.items():
         bool_arg(value, name)
+
+
+def _check_top_k_max(top_k_max) -> None:
+    if top_k_max is not None:
+        check_int("top_k_max", top_k_max, 1)
 
 
 def _check_data(t, name: str, dims: int, layout: str, dtypes=None) -> None:
@@ -418,6 +424,7 @@ def top_k_top_p_sampling_from_logits(
     check_nan: bool = False,
     seed: Seed = None,
     offset: Seed = None,
+    top_k_max: Optional[int] = None,
 ) -> torch.Tensor:
     """Top-k and top-p sampling from logits.
 
@@ -429,12 +436,15 @@ def top_k_top_p_sampling_from_logits(
     filter_apply_order : "top_k_first" (top-p on the renormalised top-k survivors) or
         "joint" (top-k set intersected with the top-p set of softmax(logits)); point 2
     indices, deterministic, generator, check_nan, seed, offset : see the module docstring
+    top_k_max : int >= 1 or None: FlashInfer's bound on top_k (it sizes its kernel's work);
+        checked and otherwise ignored, every k is exact here
 
     Returns
     -------
     samples : Tensor [batch_size] int32 (``indices``' dtype); 0 for an invalid row
     """
     _check_bool(deterministic=deterministic, check_nan=check_nan)
+    _check_top_k_max(top_k_max)
     return _draw(logits, "logits", probs=False, indices=indices, generator=generator, check_nan=check_nan, seed=seed,
                  offset=offset, return_valid=False, top_k=top_k, top_p=top_p, joint=_order(filter_apply_order))
 
@@ -451,6 +461,7 @@ def top_k_top_p_sampling_from_probs(
     seed: Seed = None,
     offset: Seed = None,
     return_valid: bool = False,
+    top_k_max: Optional[int] = None,
 ) -> Samples:
     """Top-k and top-p sampling from probabilities.
 
@@ -460,18 +471,48 @@ def top_k_top_p_sampling_from_probs(
     top_k, top_p, filter_apply_order : as in :func:`top_k_top_p_sampling_from_logits`
     indices, deterministic, generator, check_nan, seed, offset, return_valid : see the
         module docstring
+    top_k_max : as in :func:`top_k_top_p_sampling_from_logits`
 
     Returns
     -------
     samples : Tensor [batch_size] int32 (``indices``' dtype), or (samples, valid bool)
     """
     _check_bool(deterministic=deterministic, check_nan=check_nan, return_valid=return_valid)
+    _check_top_k_max(top_k_max)
     return _draw(probs, "probs", probs=True, indices=indices, generator=generator, check_nan=check_nan, seed=seed,
                  offset=offset, return_valid=return_valid, top_k=top_k, top_p=top_p,
                  joint=_order(filter_apply_order))
 
 
 # ---- renormalising and masking (no draw) ----
+
+def softmax(logits: torch.Tensor, temperature: Optional[FloatParam] = None, enable_pdl: Optional[bool] = None
+            ) -> torch.Tensor:
+    """softmax(logits / temperature) of each row (FlashInfer's ``sampling.softmax``), one fused
+    :func:`specdec_ext.softmax` call: the usual first step before ``chain_speculative_sampling``.
+
+    Parameters
+    ----------
+    logits : Tensor [batch_size, num_classes] float32 | float16 | bfloat16
+    temperature : None (= 1), a float, or Tensor [batch_size] float; 0 gives the one-hot law at
+        the first argmax (FlashInfer divides by it)
+    enable_pdl : bool, accepted and ignored (programmatic dependent launch is a CUDA launch detail)
+
+    Returns
+    -------
+    probs : Tensor [batch_size, num_classes] float32 (a row with a NaN / +inf logit or all -inf:
+    all 0, point 7)
+    """
+    if enable_pdl is not None:
+        _check_bool(enable_pdl=enable_pdl)
+    _check_data(logits, "logits", 2, "[batch_size, num_classes]", _FLOATS)
+    if temperature is None:
+        temperature = 1.0
+    elif isinstance(temperature, torch.Tensor) and tuple(temperature.shape) != (logits.shape[0],):
+        raise ValueError(f"temperature must be a float or a tensor [batch_size] = [{logits.shape[0]}], "
+                         f"got shape {tuple(temperature.shape)}")
+    return specdec_ext.softmax(logits, temperature)
+
 
 def top_p_renorm_probs(probs: torch.Tensor, top_p: FloatParam, is_deterministic: bool = False) -> torch.Tensor:
     """Zero the probabilities outside the top-p set and renormalise.
@@ -492,18 +533,20 @@ def top_p_renorm_probs(probs: torch.Tensor, top_p: FloatParam, is_deterministic:
     return specdec_ext.filtered_probs(_probs32(probs), top_p=top_p, probs_input=True)
 
 
-def top_k_renorm_probs(probs: torch.Tensor, top_k: IntParam) -> torch.Tensor:
+def top_k_renorm_probs(probs: torch.Tensor, top_k: IntParam, is_deterministic: bool = False) -> torch.Tensor:
     """Zero the probabilities below the k-th largest and renormalise (ties kept).
 
     Parameters
     ----------
     probs : Tensor [batch_size, num_classes] float32 | float16 | bfloat16, >= 0
     top_k : int >= 0 or Tensor [batch_size] int32 | int64; 0 = off (points 1 and 6)
+    is_deterministic : bool, ignored (always deterministic)
 
     Returns
     -------
     renorm_probs : Tensor [batch_size, num_classes], ``probs``' dtype (an invalid row: all 0)
     """
+    _check_bool(is_deterministic=is_deterministic)
     _check_data(probs, "probs", 2, "[batch_size, num_classes]", _FLOATS)
     top_k = _row_param(top_k, "top_k", probs.shape[0], integer=True)
     return specdec_ext.filtered_probs(_probs32(probs), top_k=top_k, probs_input=True).to(probs.dtype)

@@ -4,6 +4,7 @@ kernels torch.compile traces with. The schemas live in csrc/ops.cpp.
 
 - :mod:`.sampling`  ``verify``, ``sample``
 - :mod:`.filtered`  ``filtered_probs``, ``mask_logits`` (the filtered law, no draw)
+- :mod:`.fused_softmax` ``softmax`` (the fused temperature softmax)
 - :mod:`.logprobs`  ``logprobs`` (verify / sample's ``logprobs=``: :class:`LogprobsResult`)
 - :mod:`.tree`      ``verify_tree`` (tree speculation)
 - :mod:`.shard`     ``verify_shard``, ``verify_shard_finish`` (the local stages of
@@ -20,6 +21,7 @@ from .kv import kv_append_, kv_compact_, kv_rollback_
 from .logprobs import LogprobsResult
 from .paged_kv import paged_kv_append_, paged_kv_compact_, paged_kv_gather
 from .sampling import VerifyResult, sample, verify
+from .fused_softmax import softmax
 from . import shard  # noqa: F401  (fake kernels of verify_shard / verify_shard_finish)
 from .tree import TreeVerifyResult, tree_depth, verify_tree
 from . import _no_outputs
@@ -28,4 +30,4 @@ _no_outputs.register()  # sample / verify without output buffers compile as func
 
 __all__ = ["LogprobsResult", "TreeVerifyResult", "VerifyResult", "filtered_probs", "kv_append_", "kv_compact_",
            "kv_rollback_", "mask_logits", "paged_kv_append_", "paged_kv_compact_", "paged_kv_gather",
-           "sample", "tree_depth", "verify", "verify_tree"]
+           "sample", "softmax", "tree_depth", "verify", "verify_tree"]

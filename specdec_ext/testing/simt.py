@@ -41,11 +41,12 @@ from ..ops import filtered as _filtered
 from ..ops import kv as _kv
 from ..ops import paged_kv as _paged_kv
 from ..ops import sampling as _sampling
+from ..ops import fused_softmax as _softmax
 from ..ops import tree as _tree
 
 __all__ = ["BUILDS", "build", "filtered_probs", "kv_append_", "kv_compact_", "kv_rollback_", "load", "mask_logits",
-           "options", "paged_kv_append_", "paged_kv_compact_", "paged_kv_gather", "sample", "source_root", "verify",
-           "verify_shard", "verify_shard_finish", "verify_tree"]
+           "options", "paged_kv_append_", "paged_kv_compact_", "paged_kv_gather", "sample", "softmax", "source_root",
+           "verify", "verify_shard", "verify_shard_finish", "verify_tree"]
 
 #: compiler flags of each build (all: the SIMT macro, the emulated CUDA headers)
 BUILDS = {
@@ -137,6 +138,7 @@ def _on_simt(wrapper):
 verify = _on_simt(_sampling.verify)
 sample = _on_simt(_sampling.sample)
 filtered_probs = _on_simt(_filtered.filtered_probs)
+softmax = _on_simt(_softmax.softmax)
 mask_logits = _on_simt(_filtered.mask_logits)
 verify_tree = _on_simt(_tree.verify_tree)
 kv_append_ = _on_simt(_kv.kv_append_)
