@@ -100,6 +100,7 @@ echo "[test] C++ tests (core, SIMT emulator)"
 cmake -S . -B cpp_tests/build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build cpp_tests/build -j2 >/dev/null
 ctest --test-dir cpp_tests/build --output-on-failure
+echo "[test] every csrc header compiles on its own"; bash scripts/header_check.sh
 
 echo "[test] Python tests"
 if [ "$QUICK" = 1 ]; then

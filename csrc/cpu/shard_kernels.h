@@ -6,6 +6,7 @@
 #pragma once
 
 #include "../core/shard_math.h"
+#include "sampling_kernels.h"
 
 namespace specdec {
 namespace cpu {

@@ -1,6 +1,6 @@
 // CPU kernel of specdec::verify_tree (the walk: core/tree_params.h) over raw
-// pointers, built on the per-position helpers of sampling_kernels.h (included
-// before this file, in the same CPU_CAPABILITY namespace).
+// pointers, built on the per-position helpers of sampling_kernels.h (same
+// CPU_CAPABILITY namespace).
 //
 // One row per worker (for_each_row). Every node's logits get a max pass (NaN /
 // +inf anywhere makes the row invalid, as in verify); the visited nodes then get
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../core/tree_params.h"
+#include "sampling_kernels.h"
 
 namespace specdec {
 namespace cpu {

@@ -15,10 +15,7 @@
 #pragma once
 #include "launch_plan.h"
 
-namespace specdec::cuda {
-enum class CoopLaunch { kLaunched, kRefused };
-}  // namespace specdec::cuda
-
+// (CoopLaunch and DeviceInfo: launch_plan.h, which both backends include.)
 #if defined(SPECDEC_SIMT)
 #include "../simt/launch_simt.h"
 #else

@@ -12,6 +12,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "launch_plan.h"
+
 namespace specdec::cuda {
 
 inline void check_cuda(cudaError_t err, const char* what) {

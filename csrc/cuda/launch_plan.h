@@ -33,6 +33,9 @@ struct DeviceInfo {
   bool cooperative = false;  // cooperative launches supported
 };
 
+// What launch_cooperative did (launch.h): launched, or refused by the device (nothing ran).
+enum class CoopLaunch { kLaunched, kRefused };
+
 // ---- the launch path of the staged sampling kernels -----------------------------
 // SPECDEC_CUDA_LAUNCH (read per call, so a test can compare the paths in one process):
 // "stages" = always the per-stage launches; "cooperative" = the cooperative launch

@@ -73,6 +73,7 @@
 #include <cstdint>
 
 #include "../core/logprob_math.h"
+#include "../core/prob_input.h"
 #include "../core/rng.h"
 #include "../core/sampling_params.h"
 #include "../core/verify_math.h"

@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "../cuda/launch_plan.h"
 #include "simt.h"
 
 namespace specdec::cuda {
