@@ -9,9 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from specdec_ext.bench.step_profile import step_profile
 from specdec_ext.models import LlamaConfig, LlamaModel
 from specdec_ext.models.compiling import RECOMPILE_LIMIT
-from specdec_ext.models.llama import _rms_norm, _rope, step_profile
+from specdec_ext.models.llama import _rms_norm, _rope
 
 V = 61
 

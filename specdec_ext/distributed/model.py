@@ -13,7 +13,8 @@ import torch.distributed as dist
 from torch import nn
 
 from .._validate import check_int
-from ..models.base import SpecModel, adapt
+from ..models.adapt import adapt
+from ..models.base import SpecModel
 from ..ops.shard import RACE_TILE
 
 __all__ = ["VocabParallelModel", "VocabShard", "split_lm_head"]

@@ -53,7 +53,7 @@ import torch
 from .._validate import check_int
 from ..cache import TreeNodes
 from ..errors import CacheFullError, OutOfBlocksError
-from ..models.base import adapt
+from ..models.adapt import adapt
 from ..ops._args import mode_arg
 from .adaptive_k import PerRowK, StepCosts, hinted_costs
 from .commit import commit_step

@@ -3,7 +3,8 @@
 Importing this package needs neither ``transformers`` nor ``safetensors``: loading a
 safetensors checkpoint imports ``safetensors`` lazily.
 """
-from .base import SpecModel, adapt
+from .base import SpecModel
+from .adapt import adapt
 from .llama import LlamaConfig, LlamaModel, LlamaSpecModel
 
 __all__ = ["LlamaConfig", "LlamaModel", "LlamaSpecModel", "SpecModel", "adapt"]

@@ -1,4 +1,5 @@
-"""The model protocol the speculative engine drives, and :func:`adapt`.
+"""The model protocol the speculative engine drives: :class:`SpecModel`, and
+:class:`CacheBackedSpecModel` for a model whose rows live in one cache object.
 
 A :class:`SpecModel` is a causal LM that owns a per-row KV cache. The engine only ever
 (1) resets it for a batch and checks that the rows will fit, (2) feeds S new tokens per
@@ -12,28 +13,20 @@ positions) and :meth:`SpecModel.compact` (move the accepted path's entries to th
 of the step's); :attr:`SpecModel.supports_tree` says whether a model has both. The shipped
 ``LlamaSpecModel`` and ``HFBatchedSpecModel`` do; ``HFSpecModel`` does not.
 
-Wrappers shipped with the package (``adapt`` picks one for a raw model):
-
-- :class:`specdec_ext.models.llama.LlamaSpecModel`: the package's reference Llama decoder
-  (contiguous or paged cache, built on ``kv_append_`` / ``spec_attention_mask`` / SDPA);
-- :class:`specdec_ext.models.hf.HFBatchedSpecModel`: a Hugging Face ``transformers`` causal
-  LM of a family whose attention takes a 4D mask (Llama, Mistral, Qwen2/3, Gemma/Gemma2,
-  Phi-3; eager or sdpa attention), one forward per step on a ``SpecDecCache``;
-- :class:`specdec_ext.models.hf.HFSpecModel`: any other Hugging Face causal LM, with its own
-  ``DynamicCache`` per row, rolled back with ``DynamicCache.crop`` (``adapt`` warns).
+The wrappers shipped with the package, and :func:`~specdec_ext.models.adapt.adapt` that picks
+one for a raw model, are listed in :mod:`specdec_ext.models.adapt`.
 """
 from __future__ import annotations
 
 import abc
-import warnings
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
 
 if TYPE_CHECKING:
     from ..cache import TreeNodes
 
-__all__ = ["SpecModel", "adapt"]
+__all__ = ["CacheBackedSpecModel", "SpecModel"]
 
 
 class SpecModel(abc.ABC):
@@ -118,25 +111,46 @@ class SpecModel(abc.ABC):
         return cls.forward_tree is not SpecModel.forward_tree and cls.compact is not SpecModel.compact
 
 
-def adapt(model) -> SpecModel:
-    """A SpecModel as is; a :class:`specdec_ext.models.llama.LlamaModel` wrapped by
-    ``LlamaSpecModel``; a Hugging Face ``PreTrainedModel`` wrapped by ``HFBatchedSpecModel``
-    when :func:`specdec_ext.models.hf.batched_support` accepts it, else by ``HFSpecModel``
-    with a one-line ``UserWarning`` saying why."""
-    if isinstance(model, SpecModel):
-        return model
-    from .llama import LlamaModel, LlamaSpecModel
+class CacheBackedSpecModel(SpecModel):
+    """A :class:`SpecModel` whose rows all live in one cache object, ``self.cache`` (None until
+    :meth:`reset`), that keeps the row lengths itself: :meth:`reserve`, :meth:`rollback`,
+    :meth:`compact` and :attr:`lengths` are the cache's. A subclass makes the cache in its
+    ``reset`` with :meth:`_renew_cache` and reads it with :meth:`_cache`."""
 
-    if isinstance(model, LlamaModel):
-        return LlamaSpecModel(model)
-    if hasattr(model, "config") and hasattr(model, "generate"):
-        from .hf import HFBatchedSpecModel, HFSpecModel, batched_support
+    cache: Any = None
 
-        reason = batched_support(model)
-        if reason is None:
-            return HFBatchedSpecModel(model)
-        warnings.warn(f"{type(model).__name__}: per-row HF path (one forward per row per step): {reason}",
-                      stacklevel=3)
-        return HFSpecModel(model)
-    raise TypeError(f"target/draft must be a SpecModel, a specdec_ext LlamaModel or a transformers "
-                    f"PreTrainedModel, got {type(model).__name__}")
+    def reserve(self, row_lengths: Sequence[int]) -> None:
+        """Raise the cache's ``CacheFullError`` (a row would pass max_len) or ``OutOfBlocksError``
+        (a paged cache's block pool cannot hold every row at ``row_lengths[b]`` tokens at once)
+        before anything runs."""
+        self._cache().reserve(row_lengths)
+
+    def rollback(self, num_appended: int, num_kept: torch.Tensor) -> None:
+        """lengths[b] -= num_appended - num_kept[b]; num_kept [B] int64, device or CPU (whether a
+        device tensor is read on the host is the cache's: see the subclass)."""
+        self._cache().rollback(num_appended, num_kept)
+
+    def compact(self, num_appended: int, src_index: torch.Tensor, count: torch.Tensor) -> None:
+        """Move kept entries to the front of the last ``num_appended`` (see :meth:`SpecModel.compact`)."""
+        self._cache().compact(num_appended, src_index, count)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """Tensor [B] int64 on ``device``: tokens each row holds."""
+        return self._cache().lengths
+
+    def _renew_cache(self, batch_size: int, max_len: int, make: Callable[[int, int], Any]) -> None:
+        """B empty rows of up to ``max_len`` tokens: the cache is emptied in place when B and
+        max_len repeat, else freed first and made anew by ``make(batch_size, max_len)``."""
+        c = self.cache
+        if c is not None and c.batch_size == batch_size and c.max_len == max_len:
+            c.reset()
+            return
+        self.cache = None  # free the old cache before allocating the new one
+        self.cache = make(batch_size, max_len)
+
+    def _cache(self):
+        if self.cache is None:
+            raise RuntimeError(f"{type(self).__name__}: call reset(batch_size, max_len) first")
+        return self.cache
+

@@ -34,7 +34,7 @@ from transformers.cache_utils import Cache
 from .._validate import check_int
 from ..cache import TreeNodes
 from ..errors import CacheFullError
-from .base import SpecModel
+from .base import CacheBackedSpecModel, SpecModel
 from .compiling import RECOMPILE_LIMIT, compile_step
 from .llama_cache import ContiguousLlamaCache, LlamaCacheStep
 
@@ -309,7 +309,7 @@ class SpecDecCache(Cache):
         return self._kv.layer_view(layer_idx)
 
 
-class HFBatchedSpecModel(SpecModel):
+class HFBatchedSpecModel(CacheBackedSpecModel):
     """A ``transformers`` decoder-only causal LM of a :data:`BATCHED_MODEL_TYPES` family
     (``eager`` or ``sdpa`` attention) on a :class:`SpecDecCache`: one forward per step.
 
@@ -381,16 +381,7 @@ class HFBatchedSpecModel(SpecModel):
         if self.max_positions is not None and max_len > self.max_positions:
             raise CacheFullError(f"max_len {max_len} exceeds the model's max_position_embeddings "
                                  f"{self.max_positions}")
-        c = self.cache
-        if c is not None and c.batch_size == batch_size and c.max_len == max_len:
-            c.reset()
-            return
-        self.cache = None  # free the old cache before allocating the new one
-        self.cache = SpecDecCache.for_model(self.model, batch_size, max_len)
-
-    def reserve(self, row_lengths: Sequence[int]) -> None:
-        """Raise ``CacheFullError`` before anything runs when a row would pass max_len."""
-        self._cache().reserve(row_lengths)
+        self._renew_cache(batch_size, max_len, lambda b, n: SpecDecCache.for_model(self.model, b, n))
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, tree: Optional[TreeNodes] = None) -> torch.Tensor:
@@ -419,29 +410,11 @@ class HFBatchedSpecModel(SpecModel):
         of :data:`BATCHED_MODEL_TYPES` applies as given."""
         return self.forward(input_ids, tree)
 
-    def rollback(self, num_appended: int, num_kept: torch.Tensor) -> None:
-        """lengths[b] -= num_appended - num_kept[b]; num_kept [B] int64, device (no sync) or CPU."""
-        self._cache().rollback(num_appended, num_kept)
-
-    def compact(self, num_appended: int, src_index: torch.Tensor, count: torch.Tensor) -> None:
-        """Move kept entries to the front of the last ``num_appended`` (see :meth:`SpecModel.compact`)."""
-        self._cache().compact(num_appended, src_index, count)
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        """Tensor [B] int64 on ``device``: tokens each row holds."""
-        return self._cache().lengths
-
     def cache_tensors(self, row: int) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """[(keys, values)] per layer of row ``row``'s valid cache prefix, each [1, H, length, D]."""
         cache = self._cache()
         n = int(cache.host_lengths()[row])
         return [tuple(t[row:row + 1, :, :n] for t in cache.layer_tensors(i)) for i in range(cache.num_layers)]
-
-    def _cache(self) -> SpecDecCache:
-        if self.cache is None:
-            raise RuntimeError("HFBatchedSpecModel: call reset(batch_size, max_len) first")
-        return self.cache
 
 
 def _crop(cache, new_len: int) -> None:

@@ -15,7 +15,7 @@ gate / up are each one fused ``nn.Linear`` built at load time (``state_dict`` / 
 once per step for every layer and applied without slicing or ``cat`` (:func:`_rope`), the
 attention mask is built once per step (none for a single-token step of one row), RMSNorm is
 ``F.rms_norm``. :meth:`LlamaModel.compile_decode` optionally runs the layers through
-``torch.compile``; :func:`step_profile` measures a step.
+``torch.compile``; :func:`specdec_ext.bench.step_profile.step_profile` measures a step.
 
 Numerics follow ``LlamaForCausalLM``: RMSNorm statistics and the RoPE cos / sin tables are
 computed in float32 and cast to the model dtype. A float64 model therefore reproduces the
@@ -34,12 +34,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cache import TreeNodes
-from .base import SpecModel
+from .base import CacheBackedSpecModel
 from .compiling import compile_step
 from .llama_cache import ContiguousLlamaCache, LlamaCacheStep, PagedLlamaCache
 from .llama_config import LlamaConfig
 
-__all__ = ["LlamaConfig", "LlamaModel", "LlamaSpecModel", "step_profile"]
+__all__ = ["LlamaConfig", "LlamaModel", "LlamaSpecModel"]
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 LlamaCache = Union[ContiguousLlamaCache, PagedLlamaCache]
@@ -394,7 +394,7 @@ class LlamaModel(nn.Module):
         lookup and the mask stay eager. Steps without a cache or on a paged cache stay eager.
         The first steps compile (seconds); ``dynamic=True`` keeps S, kv_len and B symbolic so
         that later steps reuse the graph. Whether it pays depends on the device and the
-        model size: see :func:`step_profile` to measure.
+        model size: see :func:`~specdec_ext.bench.step_profile.step_profile` to measure.
 
         ``freeze=True``: Inductor's freezing, the weights become constants of the graphs, for
         a model whose weights are final (see :func:`~specdec_ext.models.compiling.compile_step`).
@@ -559,7 +559,7 @@ def _read_weights(path: str) -> Dict[str, torch.Tensor]:
                             "pytorch_model.bin or pytorch_model.bin.index.json")
 
 
-class LlamaSpecModel(SpecModel):
+class LlamaSpecModel(CacheBackedSpecModel):
     """:class:`SpecModel` over a :class:`LlamaModel` and one of its caches.
 
     Parameters
@@ -600,26 +600,13 @@ class LlamaSpecModel(SpecModel):
 
     def reset(self, batch_size: int, max_len: int) -> None:
         """B empty rows of up to ``max_len`` tokens (reuses the cache when B and max_len repeat)."""
-        c = self.cache
-        if c is not None and c.batch_size == batch_size and c.max_len == max_len:
-            c.reset()
-            return
-        self.cache = None  # free the old cache before allocating the new one
-        if self.cache_kind == "paged":
-            self.cache = self.model.new_cache(batch_size, max_len, "paged", block_size=self.block_size,
-                                              num_blocks=self.num_blocks)
-        else:
-            self.cache = self.model.new_cache(batch_size, max_len)
+        self._renew_cache(batch_size, max_len, lambda b, n: self.model.new_cache(
+            b, n, self.cache_kind, block_size=self.block_size, num_blocks=self.num_blocks))
 
     @property
     def step_cost_hint(self) -> float:
         """The parameter count (a deterministic stand-in for the cost of a step)."""
         return float(sum(p.numel() for p in self.model.parameters()))
-
-    def reserve(self, row_lengths: Sequence[int]) -> None:
-        """Raise ``OutOfBlocksError`` (paged cache) before anything runs when the block pool
-        cannot hold every row at ``row_lengths[b]`` tokens at once."""
-        self._cache().reserve(row_lengths)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [B, S] int64 -> logits [B, S, V] of the model dtype; appends and advances."""
@@ -629,103 +616,3 @@ class LlamaSpecModel(SpecModel):
         """input_ids [B, S] int64 (tree nodes, see :meth:`SpecModel.forward_tree`) -> logits
         [B, S, V] of the model dtype; appends and advances."""
         return self.model(input_ids, self._cache(), tree)
-
-    def rollback(self, num_appended: int, num_kept: torch.Tensor) -> None:
-        """lengths[b] -= num_appended - num_kept[b]; num_kept [B] int64, device or CPU."""
-        self._cache().rollback(num_appended, num_kept)
-
-    def compact(self, num_appended: int, src_index: torch.Tensor, count: torch.Tensor) -> None:
-        """Move kept entries to the front of the last ``num_appended`` (see :meth:`SpecModel.compact`)."""
-        self._cache().compact(num_appended, src_index, count)
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        """Tensor [B] int64 on ``device``: tokens each row holds."""
-        return self._cache().lengths
-
-    def _cache(self) -> LlamaCache:
-        if self.cache is None:
-            raise RuntimeError("LlamaSpecModel: call reset(batch_size, max_len) first")
-        return self.cache
-
-
-# ---- benchmark helper ----------------------------------------------------------------
-_MATMUL_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::matmul")
-
-
-def _wall_ms(step, undo, iters: int) -> float:
-    """Mean wall time (ms) of the faster half of ``iters`` calls of ``step`` (``undo`` after each)."""
-    import time
-
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-        undo()
-    times.sort()
-    half = max(1, len(times) // 2)
-    return 1e3 * sum(times[:half]) / half
-
-
-def _profiled(step, undo, undo_alone, iters: int):
-    """(step µs, matmul self µs, aten ops) summed over ``iters`` profiled steps. The undo
-    calls run inside the profile but outside the step's record_function; their ops are
-    subtracted by profiling ``undo_alone`` on its own."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(iters):
-            with torch.profiler.record_function("step_profile.step"):
-                step()
-            undo()
-    events = prof.key_averages()
-    step_us = sum(e.cpu_time_total for e in events if e.key == "step_profile.step")
-    matmul_us = sum(e.self_cpu_time_total for e in events if e.key in _MATMUL_OPS)
-    n_ops = sum(e.count for e in events if e.key.startswith("aten::"))
-    with profile(activities=[ProfilerActivity.CPU]) as prof_undo:
-        for _ in range(iters):
-            undo_alone()
-    return step_us, matmul_us, n_ops - sum(e.count for e in prof_undo.key_averages() if e.key.startswith("aten::"))
-
-
-def step_profile(model: LlamaModel, tokens: int = 1, *, batch: int = 1, context: int = 64, iters: int = 50,
-                 threads: Optional[int] = 1, forward=None, print_result: bool = True) -> Dict[str, float]:
-    """Profile one decode step of ``tokens`` tokens per row after a ``context``-token prefill.
-
-    A benchmark, not a test: returns (and prints) ``forward_ms`` (mean wall time of a step,
-    profiler off), ``profiled_ms`` (mean step time under ``torch.profiler``), ``matmul_ms``
-    (mean summed self CPU time of aten::addmm / mm / bmm / linear / matmul per step),
-    ``ratio`` (= profiled_ms / matmul_ms), ``wall_ratio`` (= forward_ms / matmul_ms) and
-    ``ops`` (aten ops per step). Each step is rolled back, so every one sees the same
-    positions. ``threads`` sets ``torch.set_num_threads`` for the run (restored after);
-    ``forward`` replaces ``model.forward`` (e.g. a compiled step), default the model itself.
-    """
-    fwd = model if forward is None else forward
-    old_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        gen = torch.Generator().manual_seed(0)
-        prompt = torch.randint(0, model.vocab_size, (batch, context), generator=gen).to(model.device)
-        step_ids = torch.randint(0, model.vocab_size, (batch, tokens), generator=gen).to(model.device)
-        cache = model.new_cache(batch, context + tokens + 1)
-        model(prompt, cache)
-        kept = torch.zeros(batch, dtype=torch.int64, device=model.device)
-        for _ in range(5):  # warm up (and compile, if ``forward`` is compiled)
-            fwd(step_ids, cache)
-            cache.rollback(tokens, kept)
-        forward_ms = _wall_ms(lambda: fwd(step_ids, cache), lambda: cache.rollback(tokens, kept), iters)
-        step_us, matmul_us, n_ops = _profiled(lambda: fwd(step_ids, cache), lambda: cache.rollback(tokens, kept),
-                                              lambda: cache.rollback(0, kept), iters)
-    finally:
-        torch.set_num_threads(old_threads)
-    res = {"forward_ms": forward_ms, "profiled_ms": step_us / 1e3 / iters, "matmul_ms": matmul_us / 1e3 / iters,
-           "ops": n_ops / iters}
-    res["ratio"] = res["profiled_ms"] / res["matmul_ms"]
-    res["wall_ratio"] = res["forward_ms"] / res["matmul_ms"]
-    if print_result:
-        print(f"tokens={tokens} batch={batch}: forward {res['profiled_ms']:.3f} ms, matmul {res['matmul_ms']:.3f} ms, "
-              f"ratio {res['ratio']:.2f} (profiled; wall-clock forward {res['forward_ms']:.3f} ms, ratio "
-              f"{res['wall_ratio']:.2f}; {res['ops']:.0f} aten ops)")
-    return res

@@ -13,7 +13,8 @@ from typing import Optional
 import torch
 
 from ._args import FloatOrTensor, IntOrTensor, Temperature, bool_arg, filter_args, float_arg, temperature_arg
-from ._fake_checks import FLOATS, check_devices, check_dim, check_dtype
+from .registry import host_args
+from ._fake_checks import FLOATS, check_devices, check_dim, check_dtype, check_filters
 
 __all__ = ["filtered_probs", "mask_logits"]
 
@@ -84,15 +85,10 @@ def mask_logits(
 
 # ---- fake (meta) kernels: output shapes / dtypes for torch.compile tracing ----
 
-_HOST_OK = ("temperature", "top_k", "top_p", "min_p")
-
-
 def _check_fake(logits, temperature, top_k, top_p, min_p, probs_input):
-    from .sampling import _check_filters_fake  # the one filter check of the sampling fakes
-
     check_devices(logits, "logits", dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p),
-                  host_ok=_HOST_OK)
-    _check_filters_fake(top_k, top_p, min_p)
+                  host_ok=host_args("filtered_probs"))  # mask_logits has the same
+    check_filters(top_k, top_p, min_p)
     check_dim(logits, "logits", 2, "[B, V]")
     check_dtype(logits, "logits", (torch.float32,) if probs_input else FLOATS)
     check_dtype(temperature, "temperature", FLOATS + (torch.float64,))

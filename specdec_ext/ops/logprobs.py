@@ -17,7 +17,8 @@ from typing import NamedTuple, Optional
 import torch
 
 from .._validate import check_int
-from ._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype
+from .registry import host_args
+from ._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype, check_filters
 
 __all__ = ["LogprobsResult", "MAX_TOP_LOGPROBS"]
 
@@ -64,11 +65,9 @@ def logprobs_args(logprobs, logprobs_mode) -> Optional[tuple]:
 @torch.library.register_fake("specdec::logprobs")
 def _logprobs_fake(logits, tokens, temperature, top_k=None, top_p=None, min_p=None, num_top=0, processed=False,
                    probs_input=False):
-    from .sampling import _check_filters_fake  # the one filter check of the sampling fakes
-
     check_devices(logits, "logits", dict(tokens=tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                         min_p=min_p), host_ok=("temperature", "top_k", "top_p", "min_p"))
-    _check_filters_fake(top_k, top_p, min_p)
+                                         min_p=min_p), host_ok=host_args("logprobs"))
+    check_filters(top_k, top_p, min_p)
     check_dim(logits, "logits", 3, "[B, P, V]")
     check_dim(tokens, "tokens", 2, "[B, P]")
     if tuple(tokens.shape) != tuple(logits.shape[:2]):

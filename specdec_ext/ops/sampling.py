@@ -6,7 +6,9 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype
+from .registry import host_args
+from ._fake_checks import (FLOATS, INDEX, check_devices, check_dim, check_dtype, check_filters,
+                           check_row_values, check_token_logprobs)
 from .logprobs import LogprobsResult, logprobs_args
 from ._args import (FloatOrTensor, IntOrTensor, Temperature, bool_arg, filter_args, float_arg, int64_arg, mode_arg,
                     seed_arg, temperature_arg)
@@ -231,35 +233,6 @@ def _logprobs_result(ops, logits, tokens, token_lp, t, filters, lp, probs_input)
 
 # ---- fake (meta) kernels: output shapes / dtypes for torch.compile tracing ----
 
-_HOST_OK = ("temperature", "seed", "offset", "top_k", "top_p", "min_p", "num_drafts")
-
-
-def _check_row_values_fake(temperature, seed, offset):
-    """The per-row values every sampling op takes (temperature, seed, offset)."""
-    check_dtype(temperature, "temperature", FLOATS + (torch.float64,))
-    check_dtype(seed, "seed", INDEX)
-    check_dtype(offset, "offset", INDEX)
-
-
-def _check_token_logprobs_fake(token_logprobs, shape, text):
-    """verify / sample's optional token_logprobs output (float32, `shape`, contiguous)."""
-    if token_logprobs is None:
-        return
-    check_dtype(token_logprobs, "token_logprobs", (torch.float32,))
-    if tuple(token_logprobs.shape) != tuple(shape):
-        raise ValueError(f"token_logprobs must be {text} = {list(shape)}, got shape {tuple(token_logprobs.shape)}")
-    if not token_logprobs.is_contiguous():
-        raise ValueError(f"token_logprobs must be contiguous, got strides {token_logprobs.stride()}")
-
-
-def _check_filters_fake(top_k, top_p, min_p):
-    for name, t, allowed in (("top_k", top_k, INDEX), ("top_p", top_p, FLOATS + (torch.float64,)),
-                             ("min_p", min_p, FLOATS + (torch.float64,))):
-        check_dtype(t, name, allowed)
-        if t is not None and t.dim() > 1:
-            raise ValueError(f"{name} must be a number or a tensor of shape [B], got shape {tuple(t.shape)}")
-
-
 @torch.library.register_fake("specdec::verify")
 def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, top_k=None, top_p=None,
                  min_p=None, num_drafts=None, coupled=False, probs_input=False, token_logprobs=None,
@@ -268,8 +241,8 @@ def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed,
                   dict(draft_token_ids=draft_token_ids, draft_probs=draft_probs, temperature=temperature, seed=seed,
                        offset=offset, top_k=top_k, top_p=top_p, min_p=min_p, num_drafts=num_drafts,
                        token_logprobs=token_logprobs),
-                  host_ok=_HOST_OK)
-    _check_filters_fake(top_k, top_p, min_p)
+                  host_ok=host_args("verify"))
+    check_filters(top_k, top_p, min_p)
     check_dim(num_drafts, "num_drafts", 1, "[B]")
     check_dtype(num_drafts, "num_drafts", INDEX)
     check_dim(target_logits, "target_logits", 3, "[B, K+1, V]")
@@ -278,9 +251,9 @@ def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed,
     check_dtype(target_logits, "target_logits", (torch.float32,) if probs_input else FLOATS)
     check_dtype(draft_token_ids, "draft_token_ids", INDEX)
     check_dtype(draft_probs, "draft_probs", FLOATS)
-    _check_row_values_fake(temperature, seed, offset)
+    check_row_values(temperature, seed, offset)
     B, K1 = target_logits.shape[0], target_logits.shape[1]
-    _check_token_logprobs_fake(token_logprobs, (B, K1), "[B, K+1]")
+    check_token_logprobs(token_logprobs, (B, K1), "[B, K+1]")
     tokens = target_logits.new_empty((B, K1), dtype=torch.int64)
     num_accepted = target_logits.new_empty((B,), dtype=torch.int64)
     valid = target_logits.new_empty((B,), dtype=torch.bool)
@@ -292,14 +265,14 @@ def _sample_fake(logits, temperature, seed, offset, probs_out, top_k=None, top_p
                  token_logprobs=None, logprobs_processed=False):
     check_devices(logits, "logits", dict(temperature=temperature, seed=seed, offset=offset, probs_out=probs_out,
                                          top_k=top_k, top_p=top_p, min_p=min_p, token_logprobs=token_logprobs),
-                  host_ok=_HOST_OK)
-    _check_filters_fake(top_k, top_p, min_p)
+                  host_ok=host_args("sample"))
+    check_filters(top_k, top_p, min_p)
     check_dim(logits, "logits", 2, "[B, V]")
     check_dim(probs_out, "probs_out", 2, "[B, V]")
     check_dtype(logits, "logits", (torch.float32,) if probs_input else FLOATS)
     check_dtype(probs_out, "probs_out", (torch.float32,))
-    _check_row_values_fake(temperature, seed, offset)
-    _check_token_logprobs_fake(token_logprobs, (logits.shape[0],), "[B]")
+    check_row_values(temperature, seed, offset)
+    check_token_logprobs(token_logprobs, (logits.shape[0],), "[B]")
     return logits.new_empty((logits.shape[0],), dtype=torch.int64)
 
 

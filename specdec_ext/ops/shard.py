@@ -8,8 +8,8 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-from ._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype
-from .sampling import _HOST_OK, _check_filters_fake, _check_row_values_fake
+from .registry import host_args
+from ._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype, check_filters, check_row_values
 
 __all__ = ["RACE_TILE", "shard_steps"]
 
@@ -70,8 +70,8 @@ def _check_shard_fake(target_logits, draft_token_ids, draft_probs, temperature, 
     check_devices(target_logits, "target_logits",
                   dict(draft_token_ids=draft_token_ids, draft_probs=draft_probs, temperature=temperature, seed=seed,
                        offset=offset, top_k=top_k, top_p=top_p, min_p=min_p, num_drafts=num_drafts),
-                  host_ok=_HOST_OK)
-    _check_filters_fake(top_k, top_p, min_p)
+                  host_ok=host_args("verify_shard"))
+    check_filters(top_k, top_p, min_p)
     check_dim(target_logits, "target_logits", 3, "[B, K+1, V_r]")
     check_dim(draft_token_ids, "draft_token_ids", 2, "[B, K]")
     check_dim(draft_probs, "draft_probs", 3, "[B, K, V_r]")
@@ -80,7 +80,7 @@ def _check_shard_fake(target_logits, draft_token_ids, draft_probs, temperature, 
     check_dtype(draft_probs, "draft_probs", FLOATS)
     check_dtype(draft_token_ids, "draft_token_ids", INDEX)
     check_dtype(num_drafts, "num_drafts", INDEX)
-    _check_row_values_fake(temperature, seed, offset)
+    check_row_values(temperature, seed, offset)
 
 
 @torch.library.register_fake("specdec::verify_shard")

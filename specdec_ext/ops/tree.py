@@ -8,8 +8,8 @@ import torch
 
 from .._validate import check_int
 from ._args import FloatOrTensor, IntOrTensor, Temperature, filter_args, float_arg, int64_arg, seed_arg, temperature_arg
-from ._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype
-from .sampling import _HOST_OK, _check_filters_fake, _check_row_values_fake
+from .registry import host_args
+from ._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype, check_filters, check_row_values
 
 __all__ = ["TreeVerifyResult", "tree_depth", "verify_tree"]
 
@@ -194,8 +194,8 @@ def _verify_tree_fake(target_logits, tree_token_ids, parents, draft_probs, tempe
     check_devices(target_logits, "target_logits",
                   dict(tree_token_ids=tree_token_ids, parents=parents, draft_probs=draft_probs,
                        temperature=temperature, seed=seed, offset=offset, top_k=top_k, top_p=top_p, min_p=min_p),
-                  host_ok=_HOST_OK + ("parents",))
-    _check_filters_fake(top_k, top_p, min_p)
+                  host_ok=host_args("verify_tree"))
+    check_filters(top_k, top_p, min_p)
     check_dim(target_logits, "target_logits", 3, "[B, N, V]")
     check_dim(tree_token_ids, "tree_token_ids", 2, "[B, N]")
     check_dim(draft_probs, "draft_probs", 3, "[B, N, V]")
@@ -203,7 +203,7 @@ def _verify_tree_fake(target_logits, tree_token_ids, parents, draft_probs, tempe
     check_dtype(tree_token_ids, "tree_token_ids", INDEX)
     check_dtype(parents, "parents", INDEX)
     check_dtype(draft_probs, "draft_probs", FLOATS)
-    _check_row_values_fake(temperature, seed, offset)
+    check_row_values(temperature, seed, offset)
     if parents.dim() not in (1, 2):
         raise ValueError(f"parents must be [N] or [B, N], got shape {tuple(parents.shape)}")
     B, N = target_logits.shape[0], target_logits.shape[1]
