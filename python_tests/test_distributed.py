@@ -414,7 +414,7 @@ def test_distributed_refusals_reach_every_rank(ranks):
         assert "batch sizes" in by_name["batch"][1]
         assert "the same on every rank" in by_name["drafts differ"][1]
         assert "the same on every rank" in by_name["seed differs"][1]
-        assert "different ops" in by_name["mixed ops"][1]
+        assert "different ops (rank order): ['verify', 'sample']" in by_name["mixed ops"][1]
         assert "the same on every rank" in by_name["filters differ"][1]
         assert "top_p" in by_name["bad top_p"][1]
     assert "temperature" in out[0][0][2] or any("temperature" in m for n, k, m in out[0] if n.startswith("bad t"))

@@ -59,14 +59,16 @@ def _context():
 
 
 def run_ranks(fn: Callable[..., Any], world: int, *args, timeout_s: float = 60.0, threads: int = 1,
-              backend: str = "gloo") -> List[Any]:
+              backend: str = "gloo", allow_exit: bool = False) -> List[Any]:
     """``fn(rank, world, *args)`` on ``world`` new processes in one process group (its
     collectives time out after ``timeout_s``); returns the P results in rank order.
     backend: "gloo", or "nccl" (rank r on GPU r: needs ``world`` GPUs).
 
     ``fn`` and ``args`` must be picklable (a module-level function). Raises :class:`RankError`
     with the first failing rank's traceback, or when the ranks do not all report within
-    ``2 * timeout_s`` (then they are killed).
+    ``2 * timeout_s`` (then they are killed). A rank that exits without reporting raises
+    :class:`RankError` at once, unless ``allow_exit`` (fault-injection tests that kill a rank):
+    then its result is None and the other ranks are still awaited.
     """
     ctx = _context()
     results = ctx.Queue()
@@ -92,7 +94,9 @@ def run_ranks(fn: Callable[..., Any], world: int, *args, timeout_s: float = 60.0
                 rank, ok, value = results.get(timeout=0.5)
             except queue.Empty:
                 dead = [r for r, p in enumerate(procs) if r not in reported and p.exitcode not in (None, 0)]
-                if dead:  # died without reporting (e.g. could not start): no use waiting for it
+                if allow_exit:
+                    reported.update(dead)  # its result stays None
+                elif dead:  # died without reporting (e.g. could not start): no use waiting for it
                     raise RankError(f"rank {dead[0]} of {world} exited with code {procs[dead[0]].exitcode} "
                                     "before reporting") from None
                 if time.monotonic() > deadline:

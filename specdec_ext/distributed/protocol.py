@@ -1,5 +1,6 @@
 """specdec_ext.distributed.verify / sample: the steps of ``torch.ops.specdec.verify_shard``
-with an all-gather after each (csrc/core/shard_math.h says what each step computes)."""
+with an all-gather after each (csrc/core/shard_math.h says what each step computes), after a
+header that checks the ranks agree; every all-gather is bounded by the call's ``timeout``."""
 from __future__ import annotations
 
 import zlib
@@ -12,7 +13,7 @@ from .._validate import check_int
 from ..ops._args import (FloatOrTensor, IntOrTensor, Temperature, filter_args, float_arg, int64_arg, mode_arg,
                          seed_arg, temperature_arg)
 from ..ops.sampling import VerifyResult
-from ._comm import all_gather
+from ._comm import DEFAULT_TIMEOUT, all_gather, check_timeout
 
 __all__ = ["sample", "verify"]
 
@@ -83,14 +84,19 @@ class _Call:
     """One distributed call: this rank's arguments, checked against every other rank's."""
 
     def __init__(self, kind: str, logits, draft_ids, draft_probs, temperature, vocab_start, vocab_size, group,
-                 filters, num_drafts, seed, offset, mode, host_group=None):
+                 filters, num_drafts, seed, offset, mode, host_group=None, timeout=DEFAULT_TIMEOUT):
         self.kind, self.group = kind, group
+        self.name = f"specdec_ext.distributed.{kind}"
+        # a bad timeout on this rank is refused like any argument: after the header (sent with
+        # the default timeout), so that the other ranks raise too instead of waiting for it
+        self.timeout = DEFAULT_TIMEOUT
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         error: Optional[BaseException] = None
         header = [0] * _H_SIZE  # filled as plain ints, sent as one int64 tensor
         header[_H_MAGIC], header[_H_KIND] = _MAGIC, _KINDS.index(kind)
         seed_given = seed is not None
         try:
+            self.timeout = check_timeout(timeout)
             self.filters = filter_args(*filters)
             self.coupled = coupled = mode_arg(mode)
             if kind == "sample":  # sample = the target's own draw of coupled verify with K = 0
@@ -124,14 +130,15 @@ class _Call:
         except Exception as e:  # noqa: BLE001  (any refusal must reach the other ranks, or they hang)
             error = e
             header[_H_ERROR] = 1
-        headers = all_gather(torch.tensor(header, dtype=torch.int64), _host_group(group, host_group, logits))
+        headers = all_gather(torch.tensor(header, dtype=torch.int64), _host_group(group, host_group, logits),
+                             self.timeout, f"{self.name}: the header all-gather (the argument check)")
         self._agree(headers, error, seed_given)
 
     def _agree(self, headers: List[torch.Tensor], error, seed_given: bool) -> None:
         """The same verdict on every rank, from the same gathered headers."""
         h = [t.tolist() for t in headers]  # plain ints: a handful of Python checks, no tensor ops
         col = lambda c: [row[c] for row in h]  # noqa: E731
-        name = f"specdec_ext.distributed.{self.kind}"
+        name = self.name
         refused = [r for r in range(self.world) if h[r][_H_ERROR]]
         if error is not None:
             raise error
@@ -139,7 +146,7 @@ class _Call:
             raise ValueError(f"{name}: rank(s) {refused} refused their arguments (the error on those ranks says why)")
         if any(m != _MAGIC for m in col(_H_MAGIC)) or len(set(col(_H_KIND))) > 1:
             kinds = [_KINDS[k] if 0 <= k < len(_KINDS) else "?" for k in col(_H_KIND)]
-            raise ValueError(f"{name}: the ranks called different ops: {kinds}")
+            raise ValueError(f"{name}: the ranks called different ops (rank order): {kinds}")
         for c, what in ((_H_B, "batch sizes B"), (_H_K, "numbers of drafts K"), (_H_VOCAB, "vocab_size"),
                         (_H_DTYPE, "logits dtypes or devices (+1000: CUDA)"),
                         (_H_PROBS, "draft_probs (dtype or None)"), (_H_COUPLED, "modes")):
@@ -173,7 +180,8 @@ class _Call:
     def run(self) -> VerifyResult:
         gathered: List[torch.Tensor] = []
         for stage in range(1, self.steps + 1):
-            gathered += all_gather(self._op(self.bounds, self.rank, stage, gathered), self.group)
+            gathered += all_gather(self._op(self.bounds, self.rank, stage, gathered), self.group, self.timeout,
+                                   f"{self.name}: the all-gather of step {stage} of {self.steps}")
         return VerifyResult(*self._op(self.bounds, self.rank, None, gathered))
 
 
@@ -194,6 +202,7 @@ def verify(
     seed: Optional[IntOrTensor] = None,
     offset: IntOrTensor = 0,
     host_group=None,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> VerifyResult:
     """:func:`specdec_ext.verify` on logits split over the ranks of ``group`` by vocabulary.
 
@@ -207,8 +216,9 @@ def verify(
     local_draft_probs : Tensor [B, K, V_local], optional
         This rank's shard of the draft distributions (None: one-hot drafts).
     temperature, num_drafts, mode, seed, offset
-        As in :func:`specdec_ext.verify`, the same on every rank (checked). ``seed=None`` uses
-        the seed rank 0 draws.
+        As in :func:`specdec_ext.verify`, the same on every rank (checked). ``seed=None``: every
+        rank uses the seed that the group's first rank draws from its torch generator (it
+        travels in the header), so the ranks' own generator states do not matter.
     vocab_start, vocab_size : int
         This rank's first token and the full vocabulary size.
     group : torch.distributed process group, optional
@@ -227,6 +237,13 @@ def verify(
         same radix passes (csrc/core/filter_math.h), each pass's histogram gathered and summed
         over the ranks (integer sums), so they are the single-device cutoffs; each filter given
         adds its passes as collectives (top-k 4, top-p 4, min-p 1).
+    timeout : float, default 60
+        Seconds this rank waits in each collective of the call (a number in (0, 1e7]). When a
+        rank dies or stalls mid-call, every other rank raises
+        :class:`~specdec_ext.distributed.CollectiveError` within about this time (a dead peer's
+        closed connection usually sooner); destroy the process group then. It bounds the header
+        and, on gloo groups, every step; a NCCL group's steps run under that group's own timeout
+        and watchdog (a bounded wait on the host would be a device sync).
 
     Returns
     -------
@@ -238,10 +255,11 @@ def verify(
     A bad argument on any rank, or ranks that disagree (shapes, dtypes, modes, draft ids,
     temperature, seed, offset, num_drafts, shards that do not tile the vocabulary), raises on
     EVERY rank after the first collective (ValueError / TypeError; the refusing rank's own
-    message there, a message naming it elsewhere), never a hang.
+    message there, a message naming it elsewhere), never a hang; so do ranks that call different
+    operations (one ``verify``, another ``sample``: the message lists each rank's).
     """
     return _Call("verify", local_target_logits, draft_token_ids, local_draft_probs, temperature, vocab_start,
-                 vocab_size, group, (top_k, top_p, min_p), num_drafts, seed, offset, mode, host_group).run()
+                 vocab_size, group, (top_k, top_p, min_p), num_drafts, seed, offset, mode, host_group, timeout).run()
 
 
 def sample(
@@ -257,16 +275,19 @@ def sample(
     seed: Optional[IntOrTensor] = None,
     offset: IntOrTensor = 0,
     host_group=None,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> torch.Tensor:
     """:func:`specdec_ext.sample` on logits split over the ranks of ``group`` by vocabulary.
 
     local_logits : Tensor [B, V_local] float32 | float16 | bfloat16 (| float64), this rank's
-    tokens [vocab_start, vocab_start + V_local); the other arguments as in :func:`verify`.
+    tokens [vocab_start, vocab_start + V_local); the other arguments (``timeout`` included: 60 s
+    by default, :class:`~specdec_ext.distributed.CollectiveError` on every live rank when one
+    dies or stalls) as in :func:`verify`.
 
     Returns tokens [B] int64 (-1 for an invalid row), the same on every rank: with shard bounds
     at multiples of 128, exactly :func:`specdec_ext.sample`'s on the gathered logits (the
     target's own draw of coupled verify with K = 0, which is that).
     """
     result = _Call("sample", local_logits, None, None, temperature, vocab_start, vocab_size, group,
-                   (top_k, top_p, min_p), None, seed, offset, "coupled", host_group).run()
+                   (top_k, top_p, min_p), None, seed, offset, "coupled", host_group, timeout).run()
     return result.tokens[:, 0]
