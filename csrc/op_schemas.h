@@ -57,6 +57,21 @@ inline constexpr const char* kVerifySchema =
     "Tensor? min_p=None, Tensor? num_drafts=None, bool coupled=False, bool probs_input=False, "
     "Tensor(a!)? token_logprobs=None, bool logprobs_processed=False) -> (Tensor, Tensor, Tensor)";
 
+// Block verification of K drafted tokens per row (core/block_verify.h: Sun et al., ICLR 2025):
+// the draft block is verified jointly from the on-path probabilities; the emitted tokens follow
+// the target's (filtered) law exactly, as with verify, and the expected number of accepted
+// drafts is never below verify's. With draft_probs None (one-hot drafts) the law of the
+// emitted tokens equals verify's (no gain). Arguments as verify without coupled mode and
+// token_logprobs (the Python wrapper takes logprobs from specdec::logprobs). Greedy rows are
+// verify's (longest matching prefix). A row is invalid as in verify, where the draft
+// probabilities read are q(x) of every tested draft and the whole q row of every position
+// whose residual mass is taken (drafts 2..n while the block weight is positive) or raced.
+// returns tokens [B, K+1] int64, num_accepted [B] int64, valid [B] bool (as verify)
+inline constexpr const char* kVerifyBlockSchema =
+    "verify_block(Tensor target_logits, Tensor draft_token_ids, Tensor? draft_probs, "
+    "Tensor temperature, Tensor seed, Tensor offset, Tensor? top_k=None, Tensor? top_p=None, "
+    "Tensor? min_p=None, Tensor? num_drafts=None, bool probs_input=False) -> (Tensor, Tensor, Tensor)";
+
 // Fused draft-step sampler: temperature softmax + one draw per row.
 //   logits      [B, V] float32|float16|bfloat16 (any row stride)
 //   temperature, seed, offset as in verify
@@ -311,6 +326,7 @@ struct OpDecl {
 
 inline constexpr OpDecl kOps[] = {
     {"verify", kVerifySchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},
+    {"verify_block", kVerifyBlockSchema, kCpu, kSamplingHostArgs, nullptr},
     {"sample", kSampleSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},
     {"filtered_probs", kFilteredProbsSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},
     {"mask_logits", kMaskLogitsSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},

@@ -41,6 +41,7 @@ BAD = {
         "--top-p": ["--top-p", "0"],
         "--min-p": ["--min-p", "1"],
         "--coupled": ["--coupled=1"],
+        "--verify": ["--verify", "tokens"],
         "--seed": ["--seed", "18446744073709551616"],
         "--eos-id": ["--eos-id", "-1"],
         "--ignore-eos": ["--ignore-eos=1"],

@@ -149,6 +149,7 @@ CALLS = {
     "verify": _verify, "sample": _sample, "filtered_probs": _filtered, "mask_logits": _mask_logits, "softmax": _softmax,
     "logprobs": _logprobs, "verify_tree": _verify_tree, "verify_shard": _verify_shard,
     "verify_shard_finish": _verify_shard_finish,
+    "verify_block": lambda: _verify()[:10] + [False],
     "verify_reference": lambda: _verify()[:12], "sample_reference": lambda: [a for i, a in enumerate(_sample()[:9])
                                                                                if i != 4],
     "kv_append_": _kv_append, "kv_rollback_": _kv_rollback, "kv_compact_": _kv_compact,

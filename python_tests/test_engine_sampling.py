@@ -166,7 +166,7 @@ def test_hf_generate_samples_the_reference_law(llamas, hf_law):
     assert _pvalue(out[:, len(PROMPT):].tolist(), hf_law) > ALPHA
 
 
-@pytest.mark.parametrize("mode", ["exact", "coupled"])
+@pytest.mark.parametrize("mode", ["exact", "coupled", "block"])
 def test_first_three_tokens_follow_hf_generate_with_top_k_top_p(llamas, hf_law, mode):
     """The engine at T = 0.8, top_k = 5, top_p = 0.9 (20k rows, K = 3, a draft that is
     sometimes rejected, 4 new tokens so the first step drafts all 3): chi-square of the
@@ -230,7 +230,7 @@ def verify_spy(monkeypatch):
 
 
 @pytest.mark.parametrize("cache", ["contiguous", "paged"])
-@pytest.mark.parametrize("temperature,mode", [(0.0, "exact"), (1.0, "exact"), (1.0, "coupled")])
+@pytest.mark.parametrize("temperature,mode", [(0.0, "exact"), (1.0, "exact"), (1.0, "coupled"), (1.0, "block")])
 def test_rows_with_different_k(llamas, verify_spy, cache, temperature, mode):
     """Rows 0 and 2 draft with a near copy, row 1 with an unrelated model. Exact T = 1: each
     row's own K (adaptive, cheap draft) differs and verify gets a ragged num_drafts. Greedy
@@ -323,7 +323,7 @@ def test_bad_sampling_arguments_fail_before_any_forward(kwargs, exc, msg):
 @pytest.mark.parametrize("mode", ["fast", None, "Exact"])
 def test_bad_verify_mode(mode):
     t = torch.randn(6, 6)
-    with pytest.raises(ValueError, match=r"verify_mode must be one of \('exact', 'coupled'\)"):
+    with pytest.raises(ValueError, match=r"verify_mode must be one of \('exact', 'coupled', 'block'\)"):
         SpeculativeEngine(BigramModel(t), BigramModel(t), verify_mode=mode)
 
 

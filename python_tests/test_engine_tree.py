@@ -285,6 +285,8 @@ def test_errors(hf_pair):
         SpeculativeEngine(t, d, tree=(2,), drafter="hybrid")
     with pytest.raises(ValueError, match="verify_mode='exact' only"):
         SpeculativeEngine(t, d, tree=(2,), verify_mode="coupled")
+    with pytest.raises(ValueError, match="verify_mode='exact' only .*no block mode"):
+        SpeculativeEngine(t, d, tree=(2,), verify_mode="block")
     with pytest.raises(ValueError, match="exceeds the vocabulary"):
         SpeculativeEngine(t, d, tree=(98,))
     with pytest.raises(ValueError, match="draft model \\(HFSpecModel\\) does not support tree speculation"):

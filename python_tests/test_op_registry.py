@@ -27,7 +27,7 @@ CUDA_OPS = registry.names("cuda")
 
 #: op -> where it is fuzzed (test_fuzz_ops.py target, or another module's hypothesis test)
 FUZZED_BY = {
-    "verify": "verify", "sample": "sample", "filtered_probs": "filtered", "mask_logits": "filtered",
+    "verify": "verify", "verify_block": "test_verify_block.py::test_fuzz_verify_block", "sample": "sample", "filtered_probs": "filtered", "mask_logits": "filtered",
     "softmax": "test_softmax.py::test_fuzz_softmax",
     "logprobs": "logprobs", "verify_tree": "verify_tree", "kv_append_": "kv_append_", "kv_rollback_": "kv_rollback_",
     "paged_kv_append_": "paged_kv_append_", "paged_kv_gather": "paged_kv_gather",

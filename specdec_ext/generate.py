@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="keep tokens with p >= min_p * max p, in [0, 1) (0 = off)")
     ap.add_argument("--coupled", action="store_true",
                     help="coupled verification: the text equals target-only sampling with the same --seed")
+    ap.add_argument("--verify", choices=["token", "block"], default="token",
+                    help="exact verification of the drafts token by token (default) or as a block (the same law, "
+                         "never fewer accepted drafts in expectation; gains with the draft model's sampled "
+                         "drafts only, the same as token for n-gram drafts); not with --coupled or --tree")
     ap.add_argument("--seed", type=_cli.seed, default=0,
                     help="sampling seed, any 64-bit pattern in [-2^63, 2^64 - 1] (the same seed gives the same text)")
     ap.add_argument("--eos-id", type=int_in(0), default=None, help="end-of-text id (default: the model's)")
@@ -187,6 +191,8 @@ def _check_drafter(ap: argparse.ArgumentParser, args) -> None:
         ap.error(f"--tree drafts its tree with the draft model: drop --drafter {args.drafter}")
     if args.coupled:
         ap.error("--tree verifies in exact mode only: drop --coupled")
+    if args.verify == "block":
+        ap.error("--tree verifies token by token only: drop --verify block")
     args.drafter = "model"
 
 
@@ -303,6 +309,8 @@ def check_args(ap: argparse.ArgumentParser, args) -> dict:
     the prompt's length against the models' capacity included. Returns the target's
     config.json."""
     _check_drafter(ap, args)
+    if args.coupled and args.verify == "block":
+        ap.error("--coupled and --verify block are two verification rules: pick one")
     _check_pair(ap, args)
     if args.rounds is not None and args.no_baseline:
         ap.error("--rounds times speculative against target-only runs; --no-baseline skips those (one timed run)")
@@ -424,7 +432,8 @@ def _sampling(args) -> dict:
 
 
 def _mode(args) -> str:
-    return "coupled" if args.coupled else "exact"
+    """The engine's verify_mode from --coupled / --verify."""
+    return "coupled" if args.coupled else "block" if args.verify == "block" else "exact"
 
 
 def _fail(message: str) -> None:

@@ -159,4 +159,11 @@ SPECDEC_HD float residual_weight(float e, float inv_s, float q) {
   return w > 0.0f ? w : 0.0f;
 }
 
+// Block verification's weighted residual max(0, scale * p - q) (core/block_verify.h), p as in
+// residual_weight; scale == 1 gives residual_weight's bits (p * 1 is exact).
+SPECDEC_HD float scaled_residual_weight(float e, float inv_s, float scale, float q) {
+  const float w = (e * inv_s) * scale - q;
+  return w > 0.0f ? w : 0.0f;
+}
+
 }  // namespace specdec

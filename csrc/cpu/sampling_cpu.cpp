@@ -48,6 +48,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
   return {L.tokens, L.num_accepted, L.valid};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_block_cpu(
+    const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const OptTensor& draft_probs,
+    const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& offset, const OptTensor& top_k,
+    const OptTensor& top_p, const OptTensor& min_p, const OptTensor& num_drafts, bool probs_input) {
+  VerifyLaunch L = prepare_verify(target_logits, draft_token_ids, draft_probs, temperature, seed, offset,
+                                  SamplingFilters{top_k, top_p, min_p}, num_drafts, /*coupled=*/false, probs_input);
+  if (L.params.B > 0) {
+    if (use_avx2()) cpu::verify_block_avx2(L.params, L.logits_dtype, L.probs_dtype);
+    else cpu::verify_block_default(L.params, L.logits_dtype, L.probs_dtype);
+  }
+  return {L.tokens, L.num_accepted, L.valid};
+}
+
 at::Tensor sample_cpu(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& seed,
                       const at::Tensor& offset, const OptTensor& probs_out, const OptTensor& top_k,
                       const OptTensor& top_p, const OptTensor& min_p, bool probs_input,
@@ -215,6 +228,7 @@ std::tuple<at::Tensor, at::Tensor> sample_reference_cpu(const at::Tensor& logits
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("verify", &verify_cpu);
+  m.impl("verify_block", &verify_block_cpu);
   m.impl("sample", &sample_cpu);
   m.impl("filtered_probs", &filtered_probs_cpu);
   m.impl("mask_logits", &mask_logits_cpu);

@@ -267,17 +267,19 @@ inline float vec_sum(const float* a, int64_t n) {
 }
 
 // Race weights of tokens [v0, v0 + n), n <= kRaceTile: p[] = target probability,
-// w[] = residual max(0, p - q) (QMode kNone: w = p; kOneHot: q one-hot at
-// `draft`; kDense: the q row). Returns false if a dense q entry is a bad probability.
+// w[] = residual max(0, p_scale * p - q) (QMode kNone: w = p_scale * p; kOneHot: q one-hot at
+// `draft`; kDense: the q row). p_scale: 1 for verify and sample (a multiply by 1 is exact: the
+// same bits as max(0, p - q)), block verification's weight w_tau (core/block_verify.h).
+// Returns false if a dense q entry is a bad probability.
 template <typename T, typename TQ>
 inline bool tile_weights(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t v0, int64_t n,
-                         float inv_t, SoftmaxStats st, float cut, float* w, float* p) {
+                         float inv_t, SoftmaxStats st, float cut, float* w, float* p, float p_scale = 1.0f) {
   alignas(64) float xbuf[kRaceTile];
   alignas(64) float qbuf[kRaceTile];
   const float* x = tile_as_float(row, v0, n, xbuf, cut);
   const float* q = q_mode == QMode::kDense ? tile_as_float(q_row, v0, n, qbuf) : nullptr;
   const float inv_s = 1.0f / st.sum;
-  const Vec va(inv_t), vm(st.max), vis(inv_s), zero(0.0f);
+  const Vec va(inv_t), vm(st.max), vis(inv_s), vscale(p_scale), zero(0.0f);
   Vec qmin(0.0f), qmax(0.0f);
   int64_t k = with_unit_t(inv_t, [&](auto unit_t) {
     int64_t k = 0;
@@ -288,9 +290,9 @@ inline bool tile_weights(const T* row, const TQ* q_row, QMode q_mode, int64_t dr
         const Vec vq = Vec::loadu(q + k);
         qmin = at::vec::minimum(qmin, vq);
         qmax = at::vec::maximum(qmax, vq);
-        at::vec::maximum(pv - vq, zero).store(w + k);
+        at::vec::maximum(pv * vscale - vq, zero).store(w + k);
       } else {
-        pv.store(w + k);
+        (pv * vscale).store(w + k);
       }
     }
     return k;
@@ -299,7 +301,7 @@ inline bool tile_weights(const T* row, const TQ* q_row, QMode q_mode, int64_t dr
     const float e = shifted_exp(x[k], st.max, inv_t);
     p[k] = e * inv_s;
     if (q && bad_prob(q[k])) return false;
-    w[k] = q ? residual_weight(e, inv_s, q[k]) : p[k];
+    w[k] = q ? scaled_residual_weight(e, inv_s, p_scale, q[k]) : p[k] * p_scale;
   }
   if (q && (bad_prob(hmin(qmin)) || bad_prob(hmax(qmax)))) return false;
   if (q_mode == QMode::kOneHot && draft >= v0 && draft < v0 + n) w[draft - v0] = 0.0f;  // max(0, p - 1) = 0
@@ -313,12 +315,12 @@ inline bool tile_weights(const T* row, const TQ* q_row, QMode q_mode, int64_t dr
 template <typename T, typename TQ>
 inline int64_t fine_race(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t base, int64_t v,
                          int64_t n, float inv_t, SoftmaxStats st, float cut, const RowRng& rng, uint32_t token_stream,
-                         uint32_t position, bool use_p) {
+                         uint32_t position, bool use_p, float p_scale = 1.0f) {
   alignas(64) float w[kRaceTile];
   alignas(64) float p[kRaceTile];
   alignas(64) float E[kRaceTile + 4];
   const int64_t lead = v & 3;
-  tile_weights(row, q_row, q_mode, draft - base, v - base, n, inv_t, st, cut, w, p);
+  tile_weights(row, q_row, q_mode, draft - base, v - base, n, inv_t, st, cut, w, p, p_scale);
   race_exponentials(rng, token_stream, position, v - lead, n + lead, E);
   const float* weights = use_p ? p : w;
   RaceBest best = race_empty();
@@ -331,11 +333,11 @@ inline int64_t fine_race(const T* row, const TQ* q_row, QMode q_mode, int64_t dr
 // the tile sums, fine race inside the winning tile. Falls back to p if the
 // residual is all zero. If probs_out is given, p is written there. Logits below
 // `cut` weigh 0 (st must be the filtered stats). Returns false if a dense q row
-// holds a bad probability.
+// holds a bad probability. p_scale: as in tile_weights (the residual is max(0, p_scale * p - q)).
 template <typename T, typename TQ>
 inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, float cut, QMode q_mode, const TQ* q_row,
                      int64_t draft, const RowRng& rng, uint32_t tile_stream, uint32_t token_stream,
-                     uint32_t position, float* probs_out, int64_t& token) {
+                     uint32_t position, float* probs_out, int64_t& token, float p_scale = 1.0f) {
   alignas(64) float w[kRaceTile];
   alignas(64) float p[kRaceTile];
   RaceBest tile_w = race_empty(), tile_p = race_empty();
@@ -346,7 +348,7 @@ inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, floa
       if (probs_out) std::fill(probs_out + v0, probs_out + v0 + n, 0.0f);
       continue;
     }
-    if (!tile_weights(row, q_row, q_mode, draft, v0, n, inv_t, st, cut, w, p)) return false;
+    if (!tile_weights(row, q_row, q_mode, draft, v0, n, inv_t, st, cut, w, p, p_scale)) return false;
     if (probs_out) std::copy(p, p + n, probs_out + v0);
     const float E = race_exponential(rng, tile_stream, position, t);
     const float kw = vec_sum(w, n) / E, kp = vec_sum(p, n) / E;
@@ -356,7 +358,7 @@ inline bool race_row(const T* row, int64_t V, float inv_t, SoftmaxStats st, floa
   const bool use_p = !(tile_w.key > 0.0f);
   const int64_t v0 = (use_p ? tile_p.index : tile_w.index) * kRaceTile;
   token = fine_race(row, q_row, q_mode, draft, 0, v0, std::min(kRaceTile, V - v0), inv_t, st, cut, rng,
-                    token_stream, position, use_p);
+                    token_stream, position, use_p, p_scale);
   return true;
 }
 

@@ -47,12 +47,14 @@
 #define CPU_CAPABILITY_DEFAULT
 #endif
 #include "sampling_kernels.h"
+#include "block_kernels.h"
 #include "tree_kernels.h"
 #include "logprob_kernels.h"
 #include "shard_kernels.h"
 
 namespace specdec::cpu {
 void verify_avx2(const VerifyParams& P, DType tl, DType tq) { CPU_CAPABILITY::verify(P, tl, tq); }
+void verify_block_avx2(const VerifyParams& P, DType tl, DType tq) { CPU_CAPABILITY::verify_block(P, tl, tq); }
 void sample_avx2(const SampleParams& P, DType tl) { CPU_CAPABILITY::sample(P, tl); }
 void filtered_avx2(const SampleParams& P, DType tl) { CPU_CAPABILITY::filtered(P, tl); }
 void verify_tree_avx2(const TreeVerifyParams& P, DType tl, DType tq) { CPU_CAPABILITY::verify_tree(P, tl, tq); }

@@ -2,6 +2,7 @@
 #define CPU_CAPABILITY DEFAULT
 #define CPU_CAPABILITY_DEFAULT
 #include "sampling_kernels.h"
+#include "block_kernels.h"
 #include "tree_kernels.h"
 #include "logprob_kernels.h"
 #include "shard_kernels.h"
@@ -9,6 +10,7 @@
 
 namespace specdec::cpu {
 void verify_default(const VerifyParams& P, DType tl, DType tq) { DEFAULT::verify(P, tl, tq); }
+void verify_block_default(const VerifyParams& P, DType tl, DType tq) { DEFAULT::verify_block(P, tl, tq); }
 void sample_default(const SampleParams& P, DType tl) { DEFAULT::sample(P, tl); }
 void filtered_default(const SampleParams& P, DType tl) { DEFAULT::filtered(P, tl); }
 void verify_tree_default(const TreeVerifyParams& P, DType tl, DType tq) { DEFAULT::verify_tree(P, tl, tq); }

@@ -20,6 +20,8 @@ void verify_default(const VerifyParams& P, DType logits_dtype, DType probs_dtype
 void sample_default(const SampleParams& P, DType logits_dtype);
 void filtered_default(const SampleParams& P, DType logits_dtype);  // filtered_probs / mask_logits
 void verify_avx2(const VerifyParams& P, DType logits_dtype, DType probs_dtype);
+void verify_block_default(const VerifyParams& P, DType logits_dtype, DType probs_dtype);
+void verify_block_avx2(const VerifyParams& P, DType logits_dtype, DType probs_dtype);
 void sample_avx2(const SampleParams& P, DType logits_dtype);
 void filtered_avx2(const SampleParams& P, DType logits_dtype);
 void verify_tree_default(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);

@@ -54,7 +54,7 @@ from .._validate import check_int
 from ..cache import TreeNodes
 from ..errors import CacheFullError, OutOfBlocksError
 from ..models.adapt import adapt
-from ..ops._args import mode_arg
+from ..ops._args import verify_mode_arg
 from .adaptive_k import PerRowK, StepCosts, hinted_costs
 from .commit import commit_step
 from .inputs import SamplingArgs, check_eos, check_filters, check_prompts, check_seed, check_temperature_rows
@@ -123,9 +123,11 @@ class SpeculativeEngine:
         the draft model for the others; a step where every row has a match skips the draft
         model. n-gram drafts are deterministic: verify sees one-hot q and stays exact.
     max_ngram : int >= 1, the longest suffix matched by n-gram drafting
-    verify_mode : 'exact' | 'coupled'
+    verify_mode : 'exact' | 'coupled' | 'block'
         'exact': Leviathan's ratio test (the draft's q is used; highest acceptance when q
-        is a good approximation of p). 'coupled': every token is keyed by (the row's seed,
+        is a good approximation of p). 'block': block verification (:func:`specdec_ext.verify`
+        ``mode="block"``): the same law, never fewer accepted drafts in expectation; more with
+        the draft model's sampled drafts, the same as 'exact' for n-gram (one-hot) drafts. 'coupled': every token is keyed by (the row's seed,
         its position) and a draft is accepted iff it equals the target's own sample there
         (:mod:`.rng_keys`), so the text equals target-only sampling (k = 0) with the same
         seed, token for token, whatever K, the draft or (with per-row seeds) the batch.
@@ -149,7 +151,8 @@ class SpeculativeEngine:
                  step_costs: Optional[StepCosts] = None, drafter: str = "auto", max_ngram: int = 3,
                  verify_mode: str = "exact", tree: Optional[Sequence[int]] = None, tree_mode: str = "sampled"):
         self.k_max = check_int("k", k, 0)
-        self.coupled = mode_arg(verify_mode, "verify_mode")  # verify_mode == "coupled"
+        self.verify_mode = verify_mode_arg(verify_mode, "verify_mode")
+        self.coupled = self.verify_mode == "coupled"
         self.max_ngram = check_int("max_ngram", max_ngram, 1)
         draft, self.drafter = _drafter(draft, drafter)
         if not isinstance(adaptive_k, (bool, str)) or adaptive_k not in _POLICIES:
@@ -187,9 +190,9 @@ class SpeculativeEngine:
         if self.draft is None or self.drafter != "model":
             raise ValueError(f"tree speculation needs a draft model that drafts every step (drafter 'auto' or "
                              f"'model'); drafter {self.drafter!r} proposes chains")
-        if self.coupled:
-            raise ValueError("tree speculation verifies with verify_mode='exact' only "
-                             "(verify_tree has no coupled mode)")
+        if self.verify_mode != "exact":
+            raise ValueError(f"tree speculation verifies with verify_mode='exact' only "
+                             f"(verify_tree has no {self.verify_mode} mode), got {self.verify_mode!r}")
         for name, model in self.models:
             if not model.supports_tree:
                 raise ValueError(f"{name} model ({type(model).__name__}) does not support tree speculation: it needs "
@@ -262,7 +265,8 @@ class SpeculativeEngine:
         # plain decoding (k = 0) is keyed by position in both modes (rng_keys.py): "target-only
         # sampling with this seed" is one text, the one coupled mode reproduces for any K
         keys = (StepKeys(self.tree.num_nodes() - 1) if self.tree is not None
-                else StepKeys(self.k_max, self.coupled or self.k_max == 0))
+                else StepKeys(self.k_max, self.coupled or self.k_max == 0,
+                              block=self.verify_mode == "block" and self.k_max > 0))
         run = Run(ids, prompts, max_new_tokens, eos, pad, sampling, bool((temps == 0).all()),
                   keys, self._policy(temps), costs,
                   self._to_device(torch.tensor([p[-1] for p in prompts], dtype=torch.int64)))

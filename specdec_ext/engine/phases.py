@@ -131,7 +131,7 @@ def verify_phase(target_logits: torch.Tensor, draft_ids: torch.Tensor, draft_pro
                  shard=None) -> torch.Tensor:
     """:func:`verify` (the run's temperature, filters and seed; ``offset`` an int or int64
     [B]; ``num_drafts`` int64 [B] on the device, None = K for every row; ``mode`` "exact" |
-    "coupled"), packed for the step's one device-to-host copy: int64 [B, K+4] = tokens
+    "coupled" | "block"), packed for the step's one device-to-host copy: int64 [B, K+4] = tokens
     [K+1], num_accepted, valid, draft_ok (the draft gave every row a usable token).
     ``shard`` (the target's :class:`~specdec_ext.distributed.VocabShard`): target_logits
     [B, K+1, shard.size] hold this rank's vocabulary shard and draft_probs the whole

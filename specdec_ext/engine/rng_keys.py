@@ -71,6 +71,7 @@ class StepKeys:
 
     k_max: int
     coupled: bool = False
+    block: bool = False  # verify_mode="block": exact mode's offsets, block verification
 
     def draft(self, step: int, i: int, positions: Optional[torch.Tensor] = None) -> Offset:
         """Offset of the i-th draft sample of ``step``: an int, or int64 [B] (coupled)."""
@@ -83,4 +84,4 @@ class StepKeys:
     @property
     def mode(self) -> str:
         """verify's ``mode`` argument."""
-        return "coupled" if self.coupled else "exact"
+        return "coupled" if self.coupled else "block" if self.block else "exact"

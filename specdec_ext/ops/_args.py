@@ -8,7 +8,8 @@ import torch
 
 from .._validate import FILTER_DTYPES, check_filter, check_int, check_temperature
 
-__all__ = ["bool_arg", "filter_args", "float_arg", "int64_arg", "mode_arg", "seed_arg", "temperature_arg"]
+__all__ = ["bool_arg", "filter_args", "float_arg", "int64_arg", "mode_arg", "seed_arg", "temperature_arg",
+           "verify_mode_arg", "VERIFY_MODES"]
 
 _SEED_HIGH = 2**62
 
@@ -18,7 +19,8 @@ FloatOrTensor = Union[float, torch.Tensor]
 
 # the value of each filter that keeps every token
 _FILTER_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
-_MODES = ("exact", "coupled")
+#: verify's modes (the ratio test, coupled to sample's stream, block verification)
+VERIFY_MODES = ("exact", "coupled", "block")
 
 
 def temperature_arg(temperature: Temperature) -> torch.Tensor:
@@ -78,9 +80,14 @@ def bool_arg(value, name: str) -> bool:
     return bool(value)
 
 
+def verify_mode_arg(mode, name: str = "mode", allowed=VERIFY_MODES) -> str:
+    """verify's ``mode`` (``name``: the argument the error names), one of ``allowed``;
+    anything else raises ``ValueError``."""
+    if not isinstance(mode, str) or mode not in allowed:
+        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {mode!r}")
+    return mode
+
+
 def mode_arg(mode, name: str = "mode") -> bool:
-    """verify's ``mode`` (``name``: the argument the error names): "exact" -> False,
-    "coupled" -> True; anything else raises ``ValueError``."""
-    if not isinstance(mode, str) or mode not in _MODES:
-        raise ValueError(f"{name} must be one of {_MODES}, got {mode!r}")
-    return mode == "coupled"
+    """``mode`` where only "exact" (-> False) and "coupled" (-> True) are offered."""
+    return verify_mode_arg(mode, name, ("exact", "coupled")) == "coupled"

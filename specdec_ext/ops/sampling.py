@@ -10,8 +10,8 @@ from .registry import host_args
 from ._fake_checks import (FLOATS, INDEX, check_devices, check_dim, check_dtype, check_filters,
                            check_row_values, check_token_logprobs)
 from .logprobs import LogprobsResult, logprobs_args
-from ._args import (FloatOrTensor, IntOrTensor, Temperature, bool_arg, filter_args, float_arg, int64_arg, mode_arg,
-                    seed_arg, temperature_arg)
+from ._args import (FloatOrTensor, IntOrTensor, Temperature, bool_arg, filter_args, float_arg, int64_arg,
+                    seed_arg, temperature_arg, verify_mode_arg)
 
 __all__ = ["LogprobsResult", "VerifyResult", "sample", "verify"]
 
@@ -106,8 +106,16 @@ def verify(
         Philox counter offset; advance it between calls for fresh randomness. A
         device tensor lets a captured CUDA graph replay with new numbers. In coupled
         mode: the absolute position of each row's first verified token.
-    mode : "exact" | "coupled"
-        "exact": Leviathan's ratio test. "coupled": the token the target emits or
+    mode : "exact" | "coupled" | "block"
+        "exact": Leviathan's ratio test, token by token. "block": block verification (Sun et
+        al., ICLR 2025; csrc/core/block_verify.h): the drafts are verified jointly, with a
+        weighted residual at the stop; the emitted tokens follow the same law as "exact" and
+        the expected number of accepted drafts is never lower (higher when p and q differ
+        over several positions). It gains only with ``draft_probs`` (sampled drafts): with
+        one-hot drafts (``draft_probs=None``) its law is exactly "exact"'s. Greedy rows are
+        the same in every mode. One more pass over each draft position after the first;
+        other tokens and random numbers than "exact" for the same seed. Block rows' logprobs
+        come from :mod:`specdec::logprobs` (one more launch). "coupled": the token the target emits or
         matches at verified position i of row b is exactly
         ``sample(target_logits[b, i], temperature, top_k=, top_p=, min_p=, seed=seed[b],
         offset=offset[b] + i)`` (row b's stream of :func:`sample`); draft i is accepted
@@ -141,12 +149,21 @@ def verify(
     VerifyResult(tokens [B, K+1] int64, num_accepted [B] int64, valid [B] bool), or with
     ``logprobs``: (VerifyResult, LogprobsResult)
     """
-    coupled = mode_arg(mode)
+    mode = verify_mode_arg(mode)
+    coupled = mode == "coupled"
     lp = logprobs_args(logprobs, logprobs_mode)
     if num_drafts is not None and not isinstance(num_drafts, torch.Tensor):
         raise TypeError(f"num_drafts must be None or an int tensor [B], got {type(num_drafts).__name__}")
     logits, t, filters = float_arg(target_logits), temperature_arg(temperature), filter_args(top_k, top_p, min_p)
     probs_input = bool_arg(probs_input, "probs_input")
+    if mode == "block":
+        tokens, num_accepted, valid = _OPS.verify_block(
+            logits, draft_token_ids, float_arg(draft_probs), t, seed_arg(seed), int64_arg(offset, "offset"), *filters,
+            num_drafts, probs_input)
+        result = VerifyResult(tokens, num_accepted, valid)
+        if lp is None:
+            return result
+        return result, _logprobs_result(_OPS, logits, tokens, None, t, filters, lp, probs_input)
     token_lp = _token_logprobs_out(logits, lp, 3)
     tokens, num_accepted, valid = _OPS.verify(
         logits, draft_token_ids, float_arg(draft_probs), t, seed_arg(seed), int64_arg(offset, "offset"), *filters,
@@ -224,6 +241,9 @@ def _logprobs_result(ops, logits, tokens, token_lp, t, filters, lp, probs_input)
     one more launch over the emitted positions (the top-n needs its own passes). ``ops``: the
     calling wrapper's op namespace (specdec_ext.testing.simt rebinds the wrappers' ``_OPS``)."""
     num_top, processed = lp
+    if token_lp is None:  # the op wrote none (verify_block): every entry from specdec::logprobs
+        token_lp, ranks, top_ids, top_lp = ops.logprobs(logits, tokens, t, *filters, num_top, processed, probs_input)
+        return LogprobsResult(token_lp, ranks if num_top > 0 else None, top_ids, top_lp)
     if num_top == 0:  # no launch: no ranks, empty top-n
         none = tokens.new_empty(tuple(tokens.shape) + (0,))
         return LogprobsResult(token_lp, None, none, none.to(torch.float32))
@@ -258,6 +278,13 @@ def _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed,
     num_accepted = target_logits.new_empty((B,), dtype=torch.int64)
     valid = target_logits.new_empty((B,), dtype=torch.bool)
     return tokens, num_accepted, valid
+
+
+@torch.library.register_fake("specdec::verify_block")
+def _verify_block_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, top_k=None, top_p=None,
+                       min_p=None, num_drafts=None, probs_input=False):
+    return _verify_fake(target_logits, draft_token_ids, draft_probs, temperature, seed, offset, top_k, top_p, min_p,
+                        num_drafts, False, probs_input)
 
 
 @torch.library.register_fake("specdec::sample")
