@@ -1,6 +1,8 @@
-"""Acceptance of verify_mode="coupled" vs "exact" on the bundled pair (draft model, fixed K).
+"""Acceptance of the engine's verify modes ("exact", "coupled", "block") on the bundled pair
+(draft model, fixed K).
 
     python scripts/coupled_acceptance.py [--k 4] [--temperature 1] [--top-p 1] [--rows 16] [--tokens 64]
+                                         [--modes exact,coupled,block]
 
 Each row is one prompt with its own seed (the same seeds in both modes); prints, per mode,
 the acceptance rate (accepted / drafted), alpha (accepted / tested) and tokens per step.
@@ -22,6 +24,7 @@ def main():
     ap.add_argument("--top-p", type=float, default=None)
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--modes", default="exact,coupled,block", help="comma-separated verify modes")
     args = ap.parse_args()
     target, draft = bundled.load_pair()
     tok = bundled.load_tokenizer()
@@ -32,7 +35,7 @@ def main():
     for r, p in enumerate(prompts):
         ids[r, width - len(p):], mask[r, width - len(p):] = torch.tensor(p), 1
     seeds = torch.arange(1000, 1000 + args.rows, dtype=torch.int64)
-    for mode in ("exact", "coupled"):
+    for mode in args.modes.split(","):
         eng = SpeculativeEngine(target, draft, k=args.k, adaptive_k=False, verify_mode=mode)
         out = eng.generate(ids, args.tokens, temperature=args.temperature, top_p=args.top_p, seed=seeds,
                            attention_mask=mask)
