@@ -10,8 +10,46 @@ verify's padded one (``[B, max_spec_len + 1, V]`` with ``num_drafts``) with inde
 only, calls verify once, and returns vLLM's output: ``[B, max_spec_len + 1]`` int32, the
 accepted drafts, then the recovered (or bonus) token, then :data:`PLACEHOLDER_TOKEN_ID`.
 
-The dataclasses carry vLLM's field names, so real vLLM ``SpecDecodeMetadata`` /
-``SamplingMetadata`` objects are read the same way (fields are looked up by name).
+The vLLM releases whose calls it takes (their V1 model runner and rejection-sampler tests;
+checked against the releases 0.8.5 to 0.33, the last with these files; the releases between
+0.15 and 0.20, if any, were not checked):
+
+- <= 0.11: ``RejectionSampler()``, ``forward(metadata, draft_probs, target_logits,
+  bonus_token_ids, sampling_metadata)`` -> Tensor [B, max_spec_len + 1] int32.
+- 0.12 - 0.15: ``RejectionSampler(sampler)``, ``forward(metadata, draft_probs, logits,
+  sampling_metadata)`` -> :class:`SamplerOutput`.
+- 0.20 - 0.33: ``RejectionSampler(sampler, spec_config=None, device=None)``, the same forward.
+- :class:`SpecDecodeMetadata`'s fields (``cu_num_sampled_tokens`` from 0.12) and
+  ``SpecDecodeMetadata.make_dummy(draft_token_ids, device)``.
+
+How the forms behave:
+
+- with a ``sampler`` (vLLM's ``Sampler``, or a mock of it as vLLM's tests use), the bonus
+  token is what ``sampler(logits=logits[bonus_logits_indices], sampling_metadata=...)``
+  returns (its ``sampled_token_ids``, [B] or [B, 1]), as in vLLM (so its penalties and
+  logits processors apply to the bonus token); its ``logprobs_mode`` is the sampler's.
+- ``RejectionSampler()`` takes both forwards: vLLM <= 0.11's (the runner gathered
+  ``target_logits`` [num_tokens, V] and sampled ``bonus_token_ids``; the result is the
+  [B, max_spec_len + 1] tensor) and 0.12's, where this sampler draws the bonus itself, in the
+  same verify call, from ``logits[bonus_logits_indices]`` with the request's temperature
+  and filters.
+- :class:`SpecDecodeMetadata` takes vLLM's fields by keyword or in either release's order
+  (0.12+: 7 fields; <= 0.11: 6, without ``cu_num_sampled_tokens``), derives
+  ``cu_num_sampled_tokens`` (and ``max_spec_len``) as vLLM does, and has vLLM's
+  ``make_dummy(draft_token_ids, device)``.
+- not offered, refused with the signatures above: 0.34's Model Runner V2 sampler
+  (``RejectionSampler(sampler, spec_config, device, *, watermark_key=None)`` called
+  ``(logits, input_batch, draft_logits)``), and the 5-argument forward on a RejectionSampler
+  built with a ``sampler`` (no vLLM release has that pair). ``spec_config`` and ``device`` are
+  accepted and not read (the method is exact speculative sampling; tensors carry their
+  device).
+
+Every shape that disagrees with the metadata (``logits`` rows, ``draft_probs``,
+``bonus_token_ids``, the ``cu_num_*`` and index lengths, the sampler's output) is a
+``ValueError`` naming the argument, raised before anything runs: the sampler is not called,
+nothing is written, no request's step count advances. (The sampler's own output is checked
+when it returns, and a filter value verify refuses in a CPU tensor is raised by verify after
+the sampler ran; the step counts still do not advance.)
 
 Semantics, as vLLM's where it has one:
 
@@ -37,16 +75,23 @@ Differences from vLLM, all deliberate:
   min-p before top-k / top-p. The laws agree unless top-p and min-p are both on (top-p's
   mass is then taken over the top-k survivors here, over the min-p and top-k survivors
   in vLLM). A vLLM ``min_p`` of exactly 1 is read as the largest float32 below 1.
-- the bonus token is drawn inside the same op from ``logits[bonus_logits_indices]`` with
-  the same temperature and filters. vLLM samples it with its full ``Sampler``; penalties,
-  bad words, allowed-token masks, logit bias and other logits processors are NOT applied
-  here: apply them to ``logits`` (masked entries = -inf) before calling.
+- without a ``sampler``, the bonus token is drawn inside the same op from
+  ``logits[bonus_logits_indices]`` with the same temperature and filters. vLLM samples it
+  with its full ``Sampler`` (as this sampler does when given one); penalties, bad words,
+  allowed-token masks, logit bias and other logits processors are NOT applied to the
+  verified positions here: apply them to ``logits`` (masked entries = -inf) before calling.
+- an external bonus token (the sampler's, or <= 0.11's ``bonus_token_ids``) enters verify as
+  a one-hot law at the bonus position, so it is emitted exactly when every draft is
+  accepted; one outside [0, V) makes that row invalid when it would be emitted.
 - randomness: counter-based Philox keyed by (seed, offset, position, token), not torch
   generators, so the numbers differ from vLLM's for the same seed (the law is the same).
   See :meth:`RejectionSampler.forward` for how requests' generators map to seeds.
 - a row the op reports invalid (a NaN / +inf logit in the rows it reads, a used position
   whose logits are all -inf, a draft id outside [0, V), a bad draft probability, a bad
-  per-row value in a device tensor) comes back as a row of :data:`PLACEHOLDER_TOKEN_ID`
+  per-row value in a device tensor, an index in ``*_logits_indices`` outside ``logits``' rows
+  or a ``cu_num_draft_tokens`` that disagrees with ``num_draft_tokens``, at a position it
+  reads: these are device values, read without a sync and never gathered out of range)
+  comes back as a row of :data:`PLACEHOLDER_TOKEN_ID`
   only (vLLM's ``parse_output`` then yields no token for it) and ``valid[b] = False`` in
   :class:`SamplerOutput`.
 - logprobs (``max_num_logprobs = n``) come in vLLM's ``LogprobsTensors`` layout, one row per
@@ -56,7 +101,9 @@ Differences from vLLM, all deliberate:
   the target logits, vLLM's default) or ``"processed_logprobs"`` (the temperature-scaled,
   filtered law); the ``*_logits`` modes are not offered. Placeholder rows hold -1 ids and
   NaN logprobs (vLLM computes them on token 0 and drops them in ``parse_output``; so does
-  the placeholder mask there). They come from :func:`specdec_ext.verify`'s ``logprobs=``:
+  the placeholder mask there). With a sampler, ``logprobs_mode`` is the sampler's
+  ``logprobs_mode`` and ``bonus_logits_indices`` must then be [B] (the bonus position's
+  logprobs are the bonus row's). They come from :func:`specdec_ext.verify`'s ``logprobs=``:
   the tokens' logprobs from verify's own softmax stats, the ranks and the top-n from one more
   launch over the emitted positions, no host sync. A greedy row's processed
   logprobs are one-hot (0 at the argmax, -inf elsewhere: the law that row follows), where
@@ -64,6 +111,10 @@ Differences from vLLM, all deliberate:
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
+import inspect
+import itertools
 import weakref
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Sequence, Union
@@ -73,7 +124,7 @@ import torch
 from .._validate import check_int
 from ..ops._args import bool_arg, float_arg
 from ..ops._fake_checks import FLOATS, INDEX, check_devices, check_dim, check_dtype
-from ..ops.logprobs import MAX_TOP_LOGPROBS
+from ..ops.logprobs import MAX_TOP_LOGPROBS, LogprobsResult
 from ..ops.sampling import verify
 
 __all__ = ["LogprobsTensors", "PLACEHOLDER_TOKEN_ID", "RejectionSampler", "SamplerOutput", "SamplingMetadata",
@@ -92,10 +143,46 @@ _MIN_P_BELOW_ONE = float(torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)))
 _SEED_HIGH = 2**62
 
 
-@dataclass
+# vLLM's SpecDecodeMetadata fields, in its order from 0.12 (7 fields) and up to 0.11 (6: no
+# cu_num_sampled_tokens); either order is taken positionally (see SpecDecodeMetadata)
+_MD_FIELDS = ("draft_token_ids", "num_draft_tokens", "cu_num_draft_tokens", "cu_num_sampled_tokens",
+              "target_logits_indices", "bonus_logits_indices", "logits_indices")
+_MD_FIELDS_011 = tuple(f for f in _MD_FIELDS if f != "cu_num_sampled_tokens")
+_MD_REQUIRED = ("draft_token_ids", "num_draft_tokens", "cu_num_draft_tokens", "target_logits_indices",
+                "bonus_logits_indices")
+
+
+def _md_signature_text() -> str:
+    return (f"SpecDecodeMetadata({', '.join(_MD_FIELDS)}) (vLLM >= 0.12) or "
+            f"SpecDecodeMetadata({', '.join(_MD_FIELDS_011)}) (vLLM <= 0.11), positionally or by keyword "
+            "(cu_num_sampled_tokens and logits_indices may be omitted)")
+
+
+def _draft_lists(draft_token_ids, name: str = "draft_token_ids") -> List[List[int]]:
+    """``draft_token_ids`` (B host lists of ints) checked: a TypeError / ValueError naming it."""
+    if isinstance(draft_token_ids, torch.Tensor) or not isinstance(draft_token_ids, Sequence):
+        raise TypeError(f"{name} must be a list of B lists of ints (host data), got "
+                        f"{type(draft_token_ids).__name__}")
+    out = []
+    for i, ids in enumerate(draft_token_ids):
+        if isinstance(ids, (torch.Tensor, str)) or not isinstance(ids, Sequence):
+            raise TypeError(f"{name}[{i}] must be a list of ints, got {type(ids).__name__}")
+        if all(type(t) is int for t in ids):  # the common case, without a call per token
+            out.append(list(ids))
+        else:
+            out.append([check_int(f"{name}[{i}][{j}]", t) for j, t in enumerate(ids)])
+    return out
+
+
+@dataclass(init=False)
 class SpecDecodeMetadata:
     """vLLM's ``SpecDecodeMetadata`` (vllm/v1/spec_decode/metadata.py): one step's drafts,
     flattened over the batch (B requests, num_tokens = sum(num_draft_tokens) drafts).
+
+    Built as vLLM builds it: by keyword, or positionally in vLLM's field order (all 7 fields
+    from 0.12, or the 6 of <= 0.11, which had no ``cu_num_sampled_tokens``; with 4 or 5
+    positional arguments the order is ambiguous and refused). Fields may be reassigned
+    afterwards, as vLLM's tests do; :meth:`RejectionSampler.forward` checks them.
 
     Parameters
     ----------
@@ -104,16 +191,22 @@ class SpecDecodeMetadata:
     num_draft_tokens : list[int] of length B
         Drafts of each request (0 allowed). Host data: only read for checks and sizes.
     cu_num_draft_tokens : Tensor [B] int32 | int64
-        Inclusive cumulative sum of ``num_draft_tokens`` (must agree with it: not checked,
-        which would need a host sync).
-    cu_num_sampled_tokens : Tensor [B] int32 | int64, or None
-        Inclusive cumsum of ``num_draft_tokens + 1``. Not read by this sampler.
+        Inclusive cumulative sum of ``num_draft_tokens``. Its values must agree with
+        ``num_draft_tokens`` (not checked on the host, which would need a sync: a request
+        whose drafts fall outside ``draft_token_ids`` comes back invalid).
+    cu_num_sampled_tokens : Tensor [B] int32 | int64, optional
+        Inclusive cumsum of ``num_draft_tokens + 1``. Omitted (or None): derived as vLLM
+        derives it, ``cu_num_draft_tokens + [1, 2, .., B]`` on ``cu_num_draft_tokens``'
+        device and dtype (no host sync). Not read by this sampler; its shape is checked.
     target_logits_indices : Tensor [num_tokens] int32 | int64
         Row of ``logits`` holding the target's prediction at each draft.
     bonus_logits_indices : Tensor [B] int32 | int64
         Row of ``logits`` holding each request's bonus (after-the-last-draft) prediction.
-    logits_indices : Tensor [num_tokens + B] int32 | int64, or None
-        Rows of the hidden states the logits were computed from. Not read by this sampler.
+        With a sampler it only selects the rows passed to it (any length: vLLM's tests mock
+        the sampler and pass an empty one), unless logprobs are asked.
+    logits_indices : Tensor [num_tokens + B] int32 | int64, optional
+        Rows of the hidden states the logits were computed from. Not read by this sampler;
+        its shape is checked when given.
 
     Attributes
     ----------
@@ -121,6 +214,13 @@ class SpecDecodeMetadata:
         ``max(num_draft_tokens)`` (set on construction, as vLLM does); the output has
         ``max_spec_len + 1`` columns. May be raised afterwards (e.g. to a fixed K for a
         captured CUDA graph); it must stay >= every ``num_draft_tokens[i]``.
+
+    Raises
+    ------
+    TypeError for a wrong call (the message gives both field orders) or a ``num_draft_tokens``
+    that is not a list of ints; ValueError for a negative count, or, when
+    ``cu_num_sampled_tokens`` is derived, a ``cu_num_draft_tokens`` that is not an int
+    tensor [B].
     """
 
     draft_token_ids: torch.Tensor
@@ -129,10 +229,65 @@ class SpecDecodeMetadata:
     cu_num_sampled_tokens: Optional[torch.Tensor]
     target_logits_indices: torch.Tensor
     bonus_logits_indices: torch.Tensor
-    logits_indices: Optional[torch.Tensor] = None
+    logits_indices: Optional[torch.Tensor]
 
-    def __post_init__(self):
-        self.max_spec_len = max(self.num_draft_tokens, default=0)
+    def __init__(self, *args, **kwargs):
+        if len(args) > 7 or len(args) in (4, 5):
+            raise TypeError(f"{len(args)} positional arguments: expected {_md_signature_text()}")
+        order = _MD_FIELDS_011 if len(args) == 6 else _MD_FIELDS
+        values = dict(zip(order, args))
+        for name, value in kwargs.items():
+            if name not in _MD_FIELDS:
+                raise TypeError(f"unexpected field {name!r}: expected {_md_signature_text()}")
+            if name in values:
+                raise TypeError(f"field {name!r} given twice (positionally and by keyword): expected "
+                                f"{_md_signature_text()}")
+            values[name] = value
+        missing = [f for f in _MD_REQUIRED if f not in values]
+        if missing:
+            raise TypeError(f"missing field(s) {', '.join(missing)}: expected {_md_signature_text()}")
+        n = _num_draft_tokens(values["num_draft_tokens"])
+        if values.get("cu_num_sampled_tokens") is None:
+            # vLLM computes it on the host as cumsum(num_draft_tokens + 1); from the device
+            # cumsum it is the same numbers without a sync (and without reading the host list twice)
+            cu = _tensor(values["cu_num_draft_tokens"], "cu_num_draft_tokens", INDEX, "[batch_size]", (len(n),))
+            values["cu_num_sampled_tokens"] = cu + torch.arange(1, len(n) + 1, dtype=cu.dtype, device=cu.device)
+        for name in _MD_FIELDS:
+            setattr(self, name, values.get(name))
+        self.max_spec_len = max(n, default=0)
+
+    @classmethod
+    def make_dummy(cls, draft_token_ids: Sequence[Sequence[int]],
+                   device: Union[str, torch.device, None]) -> "SpecDecodeMetadata":
+        """vLLM's ``make_dummy``: metadata for per-request draft lists whose logits indices
+        are all 0 (vLLM's profiling run and its tests build it so, then set the indices they
+        need).
+
+        Parameters
+        ----------
+        draft_token_ids : list of B lists of ints (a list may be empty)
+        device : where the tensors go
+
+        Returns
+        -------
+        SpecDecodeMetadata with int32 tensors: ``draft_token_ids`` [num_tokens],
+        ``cu_num_draft_tokens`` / ``cu_num_sampled_tokens`` [B] (inclusive cumsums of the
+        counts and of the counts + 1), ``target_logits_indices`` [num_tokens],
+        ``bonus_logits_indices`` [B] and ``logits_indices`` [num_tokens + B] all zeros.
+        """
+        lists = _draft_lists(draft_token_ids)
+        n = [len(ids) for ids in lists]
+        num_tokens, B = sum(n), len(n)
+
+        def i32(values):
+            return torch.tensor(values, dtype=torch.int32, device=device)
+
+        cu = list(itertools.accumulate(n))
+        zeros = lambda size: torch.zeros(size, dtype=torch.int32, device=device)  # noqa: E731
+        return cls(draft_token_ids=i32([t for ids in lists for t in ids]), num_draft_tokens=n,
+                   cu_num_draft_tokens=i32(cu), cu_num_sampled_tokens=i32([c + i + 1 for i, c in enumerate(cu)]),
+                   target_logits_indices=zeros(num_tokens), bonus_logits_indices=zeros(B),
+                   logits_indices=zeros(num_tokens + B))
 
     @classmethod
     def from_draft_token_ids(cls, draft_token_ids: Sequence[Sequence[int]],
@@ -140,6 +295,7 @@ class SpecDecodeMetadata:
         """Metadata for per-request draft lists, with the logits rows laid out as vLLM's
         GPU model runner lays them out: request i's ``num_draft_tokens[i]`` target rows,
         then its bonus row, request after request (so ``logits`` has num_tokens + B rows).
+        Not a vLLM function (its :meth:`make_dummy` leaves the indices 0).
 
         Parameters
         ----------
@@ -152,22 +308,31 @@ class SpecDecodeMetadata:
         ``cu_num_*`` [B], ``target_logits_indices`` [num_tokens], ``bonus_logits_indices``
         [B], ``logits_indices`` [num_tokens + B] = arange)
         """
-        n = [len(ids) for ids in draft_token_ids]
-        flat = [int(t) for ids in draft_token_ids for t in ids]
-        cu_draft, cu_sampled, target, bonus, row = [], [], [], [], 0
-        for k in n:
+        lists = _draft_lists(draft_token_ids)
+        cu_draft, target, bonus, row = [], [], [], 0
+        for ids in lists:
+            k = len(ids)
             target.extend(range(row, row + k))
             bonus.append(row + k)
             row += k + 1
             cu_draft.append((cu_draft[-1] if cu_draft else 0) + k)
-            cu_sampled.append(row)
 
         def i32(values):
             return torch.tensor(values, dtype=torch.int32, device=device)
 
-        return cls(draft_token_ids=i32(flat), num_draft_tokens=n, cu_num_draft_tokens=i32(cu_draft),
-                   cu_num_sampled_tokens=i32(cu_sampled), target_logits_indices=i32(target),
+        # cu_num_sampled_tokens is left to the derivation (the runner's numbers: cu + 1, 2, ..)
+        return cls(draft_token_ids=i32([t for ids in lists for t in ids]), num_draft_tokens=[len(i) for i in lists],
+                   cu_num_draft_tokens=i32(cu_draft), target_logits_indices=i32(target),
                    bonus_logits_indices=i32(bonus), logits_indices=i32(list(range(row))))
+
+
+def _num_draft_tokens(n, name: str = "num_draft_tokens") -> List[int]:
+    """vLLM's host list of per-request draft counts, checked (TypeError / ValueError naming it)."""
+    if isinstance(n, torch.Tensor) or not isinstance(n, Sequence):
+        raise TypeError(f"{name} must be a list of ints (host data), got {type(n).__name__}")
+    if all(type(v) is int and v >= 0 for v in n):  # the common case, without a call per request
+        return list(n)
+    return [check_int(f"{name}[{i}]", v, 0) for i, v in enumerate(n)]
 
 
 @dataclass
@@ -275,6 +440,53 @@ def _tensor(t, name: str, dtypes, layout: str, shape=None, optional: bool = Fals
     return t
 
 
+_CTOR_TEXT = ("RejectionSampler() (vLLM <= 0.11), RejectionSampler(sampler) (vLLM 0.12 - 0.15) or "
+              "RejectionSampler(sampler, spec_config=None, device=None) (vLLM 0.20 - 0.33), with this "
+              "package's keyword-only logprobs_mode=")
+_FORWARD_TEXT = ("forward(metadata, draft_probs, logits, sampling_metadata) (vLLM >= 0.12) or, on a "
+                 "RejectionSampler() built without a sampler, forward(metadata, draft_probs, target_logits, "
+                 "bonus_token_ids, sampling_metadata) (vLLM <= 0.11); seed= and offset= are keyword-only "
+                 "(vLLM 0.34's Model Runner V2 call (logits, input_batch, draft_logits) is not offered)")
+
+
+def _forward_v012(metadata, draft_probs, logits, sampling_metadata, *, seed=None, offset=None):
+    """vLLM >= 0.12's forward (the bonus sampled inside), plus this package's seed / offset."""
+
+
+def _forward_v011(metadata, draft_probs, target_logits, bonus_token_ids, sampling_metadata, *, seed=None,
+                  offset=None):
+    """vLLM <= 0.11's forward (target rows gathered, bonus sampled by the runner)."""
+
+
+_SIG_V012 = inspect.signature(_forward_v012)
+_SIG_V011 = inspect.signature(_forward_v011)
+
+
+def _takes_keyword(sampler, name: str) -> bool:
+    """Whether ``sampler``'s class forward takes keyword ``name`` (vLLM's Sampler gained
+    ``predict_bonus_token`` over the releases); a mock or a plain callable gets the two
+    arguments every release passes."""
+    try:
+        params = inspect.signature(type(sampler).forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _bonus_ids(t, name: str, B: int, device: torch.device, hint: str = "") -> torch.Tensor:
+    """An external bonus token per request (vLLM's [B, 1], or [B]) checked; returns [B]."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be an int tensor [batch_size] or [batch_size, 1], got {type(t).__name__}")
+    check_dtype(t, name, INDEX)
+    if tuple(t.shape) not in ((B,), (B, 1)):
+        raise ValueError(f"{name} must be [batch_size] or [batch_size, 1] = [{B}] or [{B}, 1], got shape "
+                         f"{tuple(t.shape)}{hint}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but the logits are on {device}: all tensors must be on one "
+                         "device")
+    return t.reshape(B)
+
+
 class RejectionSampler(torch.nn.Module):
     """vLLM v1's rejection sampler, on one :func:`specdec_ext.verify` call per step.
 
@@ -283,20 +495,73 @@ class RejectionSampler(torch.nn.Module):
     shape depends only on B, ``metadata.max_spec_len`` (a Python int) and V. Per-request
     generators are read on the host (a dict, as in vLLM); to capture the step in a CUDA
     graph, pass device ``seed`` / ``offset`` tensors instead (see :meth:`forward`).
+
+    Parameters
+    ----------
+    sampler : vLLM's ``Sampler`` (any callable returning an object with ``sampled_token_ids``),
+        or None
+        vLLM >= 0.12's argument: it samples the bonus token, called as vLLM calls it,
+        ``sampler(logits=logits[metadata.bonus_logits_indices], sampling_metadata=...)``
+        (with ``max_num_logprobs`` None, and ``predict_bonus_token=True`` where its forward
+        takes it). None: the bonus is drawn by verify (and vLLM <= 0.11's forward is
+        accepted).
+    spec_config, device : vLLM 0.20+'s arguments, accepted and not read (``device`` must
+        be None, a str or a torch.device).
+    logprobs_mode : "raw_logprobs" | "processed_logprobs", keyword-only, optional
+        Default: ``sampler.logprobs_mode`` (as vLLM reads it), else "raw_logprobs".
+
+    Raises
+    ------
+    TypeError naming the accepted constructors for any other call (0.34's
+    ``watermark_key=``, extra arguments, a ``sampler`` that is not callable: a string
+    there is taken for the old positional ``logprobs_mode``); ValueError for a logprobs
+    mode this sampler does not offer (the ``*_logits`` modes).
     """
 
-    def __init__(self, logprobs_mode: str = "raw_logprobs"):
+    def __init__(self, sampler=None, spec_config=None, device=None, *more, logprobs_mode: Optional[str] = None,
+                 **unknown):
         super().__init__()
+        if "watermark_key" in unknown:
+            raise TypeError("watermark_key= is vLLM 0.34's Model Runner V2 RejectionSampler, which is not offered: "
+                            f"expected {_CTOR_TEXT}")
+        if more or unknown:
+            extra = [f"{len(more)} more positional"] if more else []
+            raise TypeError(f"unexpected argument(s) {', '.join(extra + sorted(unknown))}: expected {_CTOR_TEXT}")
+        if sampler is not None and (isinstance(sampler, str) or not callable(sampler)):
+            hint = ("; logprobs_mode is keyword-only: RejectionSampler(logprobs_mode=...)"
+                    if isinstance(sampler, str) else "")
+            raise TypeError(f"sampler must be vLLM's Sampler (a callable returning a SamplerOutput) or None, got "
+                            f"{type(sampler).__name__}{hint}: expected {_CTOR_TEXT}")
+        if device is not None:
+            if not isinstance(device, (str, torch.device)):
+                raise TypeError(f"device must be None, a str or a torch.device, got {type(device).__name__}")
+            try:
+                device = torch.device(device)
+            except RuntimeError:
+                raise ValueError(f"device must name a torch device, got {device!r}") from None
+        where = "logprobs_mode"
+        if logprobs_mode is None:
+            where = "sampler.logprobs_mode"
+            logprobs_mode = "raw_logprobs" if sampler is None else getattr(sampler, "logprobs_mode", "raw_logprobs")
         if not isinstance(logprobs_mode, str) or logprobs_mode not in _LOGPROBS_MODES:
-            raise ValueError(f"logprobs_mode must be one of {tuple(_LOGPROBS_MODES)}, got {logprobs_mode!r}")
+            raise ValueError(f"{where} must be one of {tuple(_LOGPROBS_MODES)}, got {logprobs_mode!r}")
+        self.sampler = sampler
+        self.spec_config = spec_config
+        self.device = device
         self.logprobs_mode = logprobs_mode
+        self._predict_bonus_kw = sampler is not None and _takes_keyword(sampler, "predict_bonus_token")
         # generator -> how many steps this sampler has drawn for it (its request's offset)
         self._steps: "weakref.WeakKeyDictionary[torch.Generator, int]" = weakref.WeakKeyDictionary()
 
-    def forward(self, metadata: SpecDecodeMetadata, draft_probs: Optional[torch.Tensor], logits: torch.Tensor,
-                sampling_metadata: SamplingMetadata, *, seed: Optional[torch.Tensor] = None,
-                offset: Union[int, torch.Tensor, None] = None) -> SamplerOutput:
-        """Verify one step's drafts and return vLLM's output tensor.
+    def forward(self, *args, **kwargs):
+        """Verify one step's drafts, called as vLLM calls its sampler.
+
+        ``forward(metadata, draft_probs, logits, sampling_metadata, *, seed=None, offset=None)``
+        -> :class:`SamplerOutput` (vLLM >= 0.12), or, on a sampler built without a
+        ``sampler``, ``forward(metadata, draft_probs, target_logits, bonus_token_ids,
+        sampling_metadata, *, seed=None, offset=None)`` -> Tensor [B, max_spec_len + 1] int32
+        (vLLM <= 0.11: its ``sampled_token_ids``; ``max_num_logprobs`` is not read, an
+        invalid row is all placeholder). Both positionally or by keyword.
 
         Parameters
         ----------
@@ -304,10 +569,15 @@ class RejectionSampler(torch.nn.Module):
         draft_probs : Tensor [num_tokens, V] float32 | float16 | bfloat16 | float64, or None
             The (filtered) draft law each draft was sampled from; None for deterministic
             drafts (n-gram): q is then one-hot at the draft.
-        logits : Tensor [num_tokens + B, V] float32 | float16 | bfloat16 | float64
+        logits : Tensor [R, V] float32 | float16 | bfloat16 | float64
             The target's logits, indexed by ``metadata.target_logits_indices`` and
-            ``metadata.bonus_logits_indices`` (any row count those indices fit). Not
-            modified.
+            ``metadata.bonus_logits_indices``: R >= len(target_logits_indices) +
+            len(bonus_logits_indices) (vLLM's runner: num_tokens + B; vLLM's tests, whose
+            mocked sampler takes no bonus rows: num_tokens). Not modified.
+        target_logits : Tensor [num_tokens, V] (vLLM <= 0.11)
+            The target rows, draft after draft (the runner's ``logits[target_logits_indices]``).
+        bonus_token_ids : Tensor [B, 1] or [B] int32 | int64 (vLLM <= 0.11)
+            Each request's bonus token, emitted when every draft is accepted.
         sampling_metadata : SamplingMetadata (or vLLM's; ``min_p`` is read if present)
         seed : Tensor [B] int64, optional (not a vLLM argument)
             Per-request seeds for the op (any device). When given, ``generators`` is not
@@ -327,61 +597,135 @@ class RejectionSampler(torch.nn.Module):
         Returns
         -------
         SamplerOutput(sampled_token_ids [B, max_spec_len + 1] int32, logprobs_tensors (None unless
-        ``max_num_logprobs`` is set),
-        valid [B] bool)
+        ``max_num_logprobs`` is set), valid [B] bool); vLLM <= 0.11's form: the tensor.
 
         Raises
         ------
-        TypeError / ValueError naming the argument (e.g. ``metadata.cu_num_draft_tokens``,
-        ``sampling_metadata.top_k``) for a wrong type / dtype, or a wrong shape, device or
-        host-visible value. Values inside device tensors are not read (no sync): a bad one
-        makes its row invalid, and indices in ``cu_num_draft_tokens`` /
-        ``*_logits_indices`` must be in range (as for any gather).
+        TypeError naming the two forward signatures for any other call; TypeError /
+        ValueError naming the argument (e.g. ``metadata.cu_num_draft_tokens``, ``logits``,
+        ``bonus_token_ids``, ``sampling_metadata.top_k``) for a wrong type / dtype, a shape
+        that disagrees with the metadata, a device or a host-visible value, before anything
+        runs. Values inside device tensors are not read (no sync): a bad one makes its row
+        invalid (see the module).
         """
-        md, sm = metadata, sampling_metadata
-        drafts_flat, cu, target_idx, bonus_idx, B, K = self._check_metadata(md)
+        legacy = len(args) >= 5 or "target_logits" in kwargs or "bonus_token_ids" in kwargs
+        try:
+            a = (_SIG_V011 if legacy else _SIG_V012).bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"RejectionSampler.forward: {e}; expected {_FORWARD_TEXT}") from None
+        a.apply_defaults()
+        a = a.arguments
+        if not legacy:
+            return self._step(a["metadata"], a["draft_probs"], a["logits"], a["sampling_metadata"], a["seed"],
+                              a["offset"])
+        if self.sampler is not None:
+            raise TypeError("this RejectionSampler was built with a sampler (vLLM >= 0.12), whose forward is "
+                            "forward(metadata, draft_probs, logits, sampling_metadata); the 5-argument form "
+                            "(..., target_logits, bonus_token_ids, ...) is vLLM <= 0.11's, for RejectionSampler()")
+        return self._step(a["metadata"], a["draft_probs"], a["target_logits"], a["sampling_metadata"], a["seed"],
+                          a["offset"], legacy_bonus=a["bonus_token_ids"]).sampled_token_ids
+
+    def _step(self, md, draft_probs, logits, sm, seed, offset, legacy_bonus=None) -> SamplerOutput:
+        """One step; ``legacy_bonus`` is vLLM <= 0.11's ``bonus_token_ids`` (None: 0.12's form)."""
+        legacy = legacy_bonus is not None
+        external = legacy or self.sampler is not None  # the bonus token comes from outside verify
+        n = None if legacy else self._num_logprobs(sm)
+        drafts_flat, cu, target_idx, bonus_idx, B, K = self._check_metadata(
+            md, legacy, loose_bonus=self.sampler is not None and n is None)
         num_tokens = drafts_flat.shape[0]
+        name, layout = ("target_logits", "[num_tokens, vocab_size]") if legacy else ("logits", "[rows, vocab_size]")
         if not isinstance(logits, torch.Tensor):
-            raise TypeError(f"logits must be a tensor [num_tokens + batch_size, vocab_size], got "
-                            f"{type(logits).__name__}")
-        _tensor(logits, "logits", _FLOAT_INPUTS, "[num_tokens + batch_size, vocab_size]")
-        V = logits.shape[1]
+            raise TypeError(f"{name} must be a tensor {layout}, got {type(logits).__name__}")
+        _tensor(logits, name, _FLOAT_INPUTS, layout)
+        R, V = logits.shape
         if V == 0:
-            raise ValueError("logits must have a vocabulary (vocab_size >= 1), got shape "
-                             f"{tuple(logits.shape)}")
+            raise ValueError(f"{name} must have a vocabulary (vocab_size >= 1), got shape {tuple(logits.shape)}")
+        if legacy:
+            if R != num_tokens:
+                raise ValueError(f"target_logits must be [num_tokens, vocab_size] = [{num_tokens}, {V}] (one row per "
+                                 f"draft, as vLLM <= 0.11's runner gathers them), got shape {tuple(logits.shape)}")
+            legacy_bonus = _bonus_ids(legacy_bonus, "bonus_token_ids", B, logits.device)
+        elif R < num_tokens + bonus_idx.shape[0]:
+            raise ValueError(
+                f"logits has {R} rows, but metadata.target_logits_indices and metadata.bonus_logits_indices index "
+                f"{num_tokens} + {bonus_idx.shape[0]} = {num_tokens + bonus_idx.shape[0]} (vLLM's layout: a row per "
+                "draft, then per bonus)")
         _tensor(draft_probs, "draft_probs", _FLOAT_INPUTS, "[num_tokens, vocab_size]", (num_tokens, V),
                 optional=True)
         temperature, top_k, top_p, min_p = self._check_sampling(sm, B)
-        check_devices(logits, "logits", {
+        check_devices(logits, name, {
             "metadata.draft_token_ids": drafts_flat, "metadata.cu_num_draft_tokens": cu,
             "metadata.target_logits_indices": target_idx, "metadata.bonus_logits_indices": bonus_idx,
             "draft_probs": draft_probs, "sampling_metadata.temperature": temperature,
             "sampling_metadata.top_k": top_k, "sampling_metadata.top_p": top_p,
             "sampling_metadata.min_p": min_p},
             host_ok=("sampling_metadata.temperature", "sampling_metadata.top_k", "sampling_metadata.top_p",
-                     "sampling_metadata.min_p"))
-        seeds, offsets = self._random_keys(sm, B, seed, offset)
+                     "sampling_metadata.min_p", "metadata.target_logits_indices", "metadata.bonus_logits_indices"))
+        seeds, offsets, steps = self._random_keys(sm, B, seed, offset)
         dev = logits.device
+        i64 = dict(dtype=torch.int64, device=dev)
+        if not legacy:  # CPU indices into device logits, as vLLM's tests pass them (indexing allows it)
+            target_idx, bonus_idx = (t.to(dev, non_blocking=True) for t in (target_idx, bonus_idx))
 
         # ---- the flat layout -> verify's padded one, by index tensors (no sync) ----
+        # Device values are never trusted to be in range (that would take a sync): each is
+        # clamped into range for the gather and its position marked bad; a bad position
+        # reads NaN, which verify reports as an invalid row where it reads that position.
         cu = cu.to(torch.int64)
         num_drafts = torch.diff(cu, prepend=cu.new_zeros(1))                 # [B]
+        bad_count = (num_drafts < 0) | (num_drafts > K)   # cu_num_draft_tokens disagrees with num_draft_tokens
+        num_drafts = num_drafts.clamp(0, K)
         start = (cu - num_drafts).unsqueeze(1)                               # [B, 1] first draft row
-        pos = torch.arange(K + 1, device=dev, dtype=torch.int64)             # [K+1]
+        pos = torch.arange(K + 1, **i64)                                     # [K+1]
         is_draft = pos < num_drafts.unsqueeze(1)                             # [B, K+1]
-        # a row of cat(target_logits_indices, bonus_logits_indices) for every (b, position):
-        # the drafts' rows, then the bonus row at position num_drafts[b] (and, never read,
-        # past it)
-        bonus_slot = num_tokens + torch.arange(B, device=dev, dtype=torch.int64).unsqueeze(1)
-        slot = torch.where(is_draft, start + pos, bonus_slot)                # [B, K+1]
-        rows = torch.cat([target_idx.to(torch.int64), bonus_idx.to(torch.int64)]).index_select(0, slot.view(-1))
-        target_logits = logits.index_select(0, rows).view(B, K + 1, V)
+        draft_row = start + pos
+        bad = (is_draft & ((draft_row < 0) | (draft_row >= num_tokens))) | (bad_count.unsqueeze(1) & (pos == 0))
+        # a slot of the flat [num_tokens + B] rows (the drafts', then the bonuses') for every
+        # (b, position): the drafts, then the bonus at position num_drafts[b] (and, never read, past it)
+        bonus_slot = num_tokens + torch.arange(B, **i64).unsqueeze(1)
+        slot = torch.where(is_draft, draft_row, bonus_slot).clamp(0, num_tokens + B - 1)  # [B, K+1]
+
+        def in_rows(idx):  # (idx clamped into logits' rows, idx out of them) for int64 indices
+            idx = idx.to(torch.int64)
+            return idx.clamp(0, max(R - 1, 0)), (idx < 0) | (idx >= R)
+
+        # the row of logits for each flat slot, and whether that row was out of range
+        if legacy:  # target_logits is the drafts' rows in order; the bonus slots are overwritten below
+            flat_rows = torch.cat([torch.arange(num_tokens, **i64), torch.zeros(B, **i64)])
+            flat_bad = torch.zeros(num_tokens + B, dtype=torch.bool, device=dev)
+        else:
+            flat_rows, flat_bad = in_rows(torch.cat([target_idx, bonus_idx]))
+            bonus_rows = flat_rows[num_tokens:]
+            if bonus_idx.shape[0] != B:  # a sampler's rows only (vLLM's tests pass none); overwritten below
+                flat_rows = torch.cat([flat_rows[:num_tokens], torch.zeros(B, **i64)])
+                flat_bad = torch.cat([flat_bad[:num_tokens], torch.zeros(B, dtype=torch.bool, device=dev)])
+        flat_slot = slot.view(-1)
+        bad = bad | flat_bad.index_select(0, flat_slot).view(B, K + 1)
+        if R > 0:
+            target_logits = logits.index_select(0, flat_rows.index_select(0, flat_slot)).view(B, K + 1, V)
+        else:  # no rows at all (vLLM's test of a request without drafts): every position read is the bonus
+            target_logits = logits.new_zeros(B, K + 1, V)
+        real = None
+        if external:
+            if n is not None:  # the bonus position's logprobs are its logits row's, not the one-hot law's
+                real = target_logits.clone()
+            bonus = legacy_bonus if legacy else self._sample_bonus(
+                logits.index_select(0, bonus_rows), sm, B, dev, bonus_idx.shape[0])
+            # the external bonus as a one-hot law at position num_drafts[b]: emitted exactly when
+            # every draft is accepted (a token outside [0, V) leaves the row all -inf: invalid there)
+            vocab = torch.arange(V, **i64)
+            one_hot = torch.where(vocab == bonus.to(torch.int64).unsqueeze(1), 0.0, float("-inf")).to(logits.dtype)
+            at = torch.arange(B, **i64) * (K + 1) + num_drafts
+            target_logits.view(B * (K + 1), V).index_copy_(0, at, one_hot)
+        bad = bad.view(-1)
+        first = target_logits.view(B * (K + 1), V)[:, 0]  # a view: writes go to the gathered copy only
+        first.copy_(torch.where(bad, torch.full_like(first, float("nan")), first))
         if num_tokens > 0:
-            draft_slot = torch.where(is_draft[:, :K], start + pos[:K], 0).view(-1)  # padding -> row 0, unread
+            draft_slot = torch.where(is_draft[:, :K], draft_row[:, :K], 0).clamp(0, num_tokens - 1).view(-1)
             draft_ids = drafts_flat.index_select(0, draft_slot).view(B, K)
             q = None if draft_probs is None else draft_probs.index_select(0, draft_slot).view(B, K, V)
         else:  # no request has a draft: nothing is tested, so nothing is read
-            draft_ids = torch.zeros(B, K, dtype=torch.int64, device=dev)
+            draft_ids = torch.zeros(B, K, **i64)
             q = None
 
         # ---- vLLM's per-request values -> verify's ----
@@ -399,24 +743,44 @@ class RejectionSampler(torch.nn.Module):
             m = min_p.to(torch.float32)
             min_p = torch.where(m == 1.0, torch.full_like(m, _MIN_P_BELOW_ONE), m)
 
-        n = self._num_logprobs(sm)
+        mode = _LOGPROBS_MODES[self.logprobs_mode]
         res = verify(target_logits, draft_ids, q, temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                     num_drafts=num_drafts, seed=seeds, offset=offsets, logprobs=n,
-                     logprobs_mode=_LOGPROBS_MODES[self.logprobs_mode])
+                     num_drafts=num_drafts, seed=seeds, offset=offsets, logprobs=None if external else n,
+                     logprobs_mode=mode)
         tensors = None
         if n is not None:
-            res, lp = res
+            if external:
+                lp = LogprobsResult(*torch.ops.specdec.logprobs(float_arg(real), res.tokens, temp, top_k, top_p,
+                                                                min_p, n, mode == "processed"))
+            else:
+                res, lp = res
+                if lp.token_ranks is None:  # n = 0: verify launched nothing more; the ranks vLLM reports
+                    lp = lp._replace(token_ranks=torch.ops.specdec.logprobs(
+                        float_arg(target_logits), res.tokens, temp, top_k, top_p, min_p, 0, mode == "processed")[1])
             rows = B * (K + 1)
-            if lp.token_ranks is None:  # n = 0: verify launched nothing more; the ranks vLLM reports
-                lp = lp._replace(token_ranks=torch.ops.specdec.logprobs(
-                    float_arg(target_logits), res.tokens, temp, top_k, top_p, min_p, 0,
-                    _LOGPROBS_MODES[self.logprobs_mode] == "processed")[1])
             tensors = LogprobsTensors(
                 torch.cat([res.tokens.unsqueeze(-1), lp.top_ids], -1).view(rows, n + 1).to(torch.int32),
                 torch.cat([lp.token_logprobs.unsqueeze(-1), lp.top_logprobs], -1).view(rows, n + 1),
                 lp.token_ranks.reshape(rows))
+        self._steps.update(steps)  # only a step that ran counts for its requests' generators
         # verify writes -1 past the emitted tokens and over a whole invalid row: vLLM's placeholder
         return SamplerOutput(sampled_token_ids=res.tokens.to(torch.int32), logprobs_tensors=tensors, valid=res.valid)
+
+    def _sample_bonus(self, bonus_logits: torch.Tensor, sm, B: int, device: torch.device, n_rows: int):
+        """The sampler's bonus tokens [B] for ``bonus_logits`` (vLLM's call; logprobs are
+        this sampler's, so the sampler is asked for none)."""
+        if getattr(sm, "max_num_logprobs", None) is not None:
+            if dataclasses.is_dataclass(sm):
+                sm = dataclasses.replace(sm, max_num_logprobs=None)
+            else:
+                sm = copy.copy(sm)
+                sm.max_num_logprobs = None
+        extra = {"predict_bonus_token": True} if self._predict_bonus_kw else {}
+        out = self.sampler(logits=bonus_logits, sampling_metadata=sm, **extra)
+        if not hasattr(out, "sampled_token_ids"):
+            raise TypeError(f"sampler must return a SamplerOutput (with sampled_token_ids), got {type(out).__name__}")
+        hint = (f" (it was given logits[metadata.bonus_logits_indices], {n_rows} rows)" if n_rows != B else "")
+        return _bonus_ids(out.sampled_token_ids, "sampler(...).sampled_token_ids", B, device, hint)
 
     @staticmethod
     def _num_logprobs(sm) -> Optional[int]:
@@ -425,13 +789,11 @@ class RejectionSampler(torch.nn.Module):
 
     # ------------------------------------------------------------------ checks
     @staticmethod
-    def _check_metadata(md):
-        """Host-only checks of the spec-decode metadata (shapes, dtypes, the host list)."""
-        n = _field(md, "metadata.num_draft_tokens")
-        if isinstance(n, torch.Tensor) or not isinstance(n, Sequence):
-            raise TypeError(f"metadata.num_draft_tokens must be a list of ints (host data), got "
-                            f"{type(n).__name__}")
-        n = [check_int(f"metadata.num_draft_tokens[{i}]", v, 0) for i, v in enumerate(n)]
+    def _check_metadata(md, legacy: bool, loose_bonus: bool):
+        """Host-only checks of the spec-decode metadata (shapes, dtypes, the host list).
+        ``legacy``: vLLM <= 0.11's form (the logits indices are not read); ``loose_bonus``: a
+        sampler takes ``logits[bonus_logits_indices]``, so any length is its business."""
+        n = _num_draft_tokens(_field(md, "metadata.num_draft_tokens"), "metadata.num_draft_tokens")
         B = len(n)
         if B == 0:
             raise ValueError("metadata.num_draft_tokens is empty: the batch needs at least one request")
@@ -444,10 +806,18 @@ class RejectionSampler(torch.nn.Module):
                              f"[{num_tokens}], got shape {tuple(drafts.shape)}")
         cu = _tensor(_field(md, "metadata.cu_num_draft_tokens"),
                      "metadata.cu_num_draft_tokens", INDEX, "[batch_size]", (B,))
+        # not read here, but part of vLLM's layout: a wrong length means a wrong metadata (vLLM
+        # <= 0.11's has no cu_num_sampled_tokens field)
+        _tensor(getattr(md, "cu_num_sampled_tokens", None), "metadata.cu_num_sampled_tokens", INDEX,
+                "[batch_size]", (B,), optional=True)
+        _tensor(getattr(md, "logits_indices", None), "metadata.logits_indices", INDEX,
+                "[num_tokens + batch_size]", (num_tokens + B,), optional=True)
+        if legacy:
+            return drafts, cu, None, None, B, K
         target = _tensor(_field(md, "metadata.target_logits_indices"),
                          "metadata.target_logits_indices", INDEX, "[num_tokens]", (num_tokens,))
-        bonus = _tensor(_field(md, "metadata.bonus_logits_indices"),
-                        "metadata.bonus_logits_indices", INDEX, "[batch_size]", (B,))
+        bonus = _tensor(_field(md, "metadata.bonus_logits_indices"), "metadata.bonus_logits_indices", INDEX,
+                        "[batch_size]", None if loose_bonus else (B,))
         return drafts, cu, target, bonus, B, K
 
     @staticmethod
@@ -458,7 +828,6 @@ class RejectionSampler(torch.nn.Module):
             flags[name] = bool_arg(_field(sm, f"sampling_metadata.{name}"), f"sampling_metadata.{name}")
         if flags["all_greedy"] and flags["all_random"]:
             raise ValueError("sampling_metadata.all_greedy and sampling_metadata.all_random are both True")
-        RejectionSampler._num_logprobs(sm)  # checked before anything runs
         temperature = _field(sm, "sampling_metadata.temperature")
         if flags["all_greedy"]:
             temperature = None  # vLLM passes None then; any value is ignored
@@ -475,7 +844,9 @@ class RejectionSampler(torch.nn.Module):
         return temperature, top_k, top_p, min_p
 
     def _random_keys(self, sm, B: int, seed, offset):
-        """(seed [B] int64, offset [B] int64 or int) for verify; see :meth:`forward`."""
+        """(seed [B] int64, offset [B] int64 or int, {generator: its step count after this
+        step}) for verify; see :meth:`forward`. The counts are committed by the caller once
+        the step has run, so a refused call leaves every request's stream where it was."""
         if seed is not None:
             _tensor(seed, "seed", (torch.int64,), "[batch_size]", (B,))
             if offset is None:
@@ -484,7 +855,7 @@ class RejectionSampler(torch.nn.Module):
                 _tensor(offset, "offset", (torch.int64,), "[batch_size]", (B,))
             else:
                 offset = check_int("offset", offset, -(2**63), 2**64 - 1)
-            return seed, offset
+            return seed, offset, {}
         if offset is not None:
             raise ValueError("offset is given without seed: it only applies to the seed tensor passed with it "
                              "(without seed, each request's offset comes from its generator's step count)")
@@ -498,10 +869,10 @@ class RejectionSampler(torch.nn.Module):
                 raise TypeError(f"sampling_metadata.generators[{i}] must be a torch.Generator, got "
                                 f"{type(g).__name__}")
         seeds = torch.randint(0, _SEED_HIGH, (B,), dtype=torch.int64)  # torch's default CPU generator
-        offsets = [0] * B
+        offsets, steps = [0] * B, {}
         for i, g in generators.items():
             s = g.initial_seed()
             seeds[i] = s - 2**64 if s >= 2**63 else s  # any 64-bit pattern is a seed
-            offsets[i] = self._steps.get(g, 0)
-            self._steps[g] = offsets[i] + 1
-        return seeds, torch.tensor(offsets, dtype=torch.int64)
+            offsets[i] = steps.get(g, self._steps.get(g, 0))
+            steps[g] = offsets[i] + 1
+        return seeds, torch.tensor(offsets, dtype=torch.int64), steps
