@@ -233,7 +233,8 @@ class SpecDecodeMetadata:
 
     def __init__(self, *args, **kwargs):
         if len(args) > 7 or len(args) in (4, 5):
-            raise TypeError(f"{len(args)} positional arguments: expected {_md_signature_text()}")
+            raise TypeError(f"{len(args)} positional arguments (with 4 or 5 the release's order is ambiguous: give "
+                            f"all 7 or 6, or the rest by keyword): expected {_md_signature_text()}")
         order = _MD_FIELDS_011 if len(args) == 6 else _MD_FIELDS
         values = dict(zip(order, args))
         for name, value in kwargs.items():
@@ -647,9 +648,9 @@ class RejectionSampler(torch.nn.Module):
             legacy_bonus = _bonus_ids(legacy_bonus, "bonus_token_ids", B, logits.device)
         elif R < num_tokens + bonus_idx.shape[0]:
             raise ValueError(
-                f"logits has {R} rows, but metadata.target_logits_indices and metadata.bonus_logits_indices index "
-                f"{num_tokens} + {bonus_idx.shape[0]} = {num_tokens + bonus_idx.shape[0]} (vLLM's layout: a row per "
-                "draft, then per bonus)")
+                f"logits has {R} rows, but the metadata needs at least len(metadata.target_logits_indices) + "
+                f"len(metadata.bonus_logits_indices) = {num_tokens} + {bonus_idx.shape[0]} = "
+                f"{num_tokens + bonus_idx.shape[0]} (vLLM's layout: a row per draft, then one per bonus)")
         _tensor(draft_probs, "draft_probs", _FLOAT_INPUTS, "[num_tokens, vocab_size]", (num_tokens, V),
                 optional=True)
         temperature, top_k, top_p, min_p = self._check_sampling(sm, B)
