@@ -104,7 +104,11 @@ def test_caches_hold_exactly_the_committed_tokens(k, adaptive):
         assert len(out.generated[b]) == 17
         assert target.history(b) == seq[:-1]
         d = draft.history(b)
-        assert d == seq[:len(d)] and 1 <= len(seq) - len(d) <= max(2, 17 + 1)
+        assert d == seq[:len(d)]
+        if k == 0:  # the draft never runs: it holds the prompt minus its last token
+            assert len(seq) - len(d) == 17 + 1
+        else:  # 1 pending token, 2 after a fully accepted step (measured: 1 or 2 for every row)
+            assert 1 <= len(seq) - len(d) <= 2
 
 
 def test_rows_stop_at_eos_and_max_new_tokens():
@@ -279,5 +283,4 @@ def test_bad_inputs():
     small.max_positions = 10
     with pytest.raises(specdec_ext.CacheFullError, match="target model: .* 11 positions exceed its capacity of 10"):
         SpeculativeEngine(small, BigramModel(t), k=2).generate(torch.tensor([[1, 2, 3]]), 9)
-    with pytest.raises(ValueError, match="adaptive_k must be"):
-        SpeculativeEngine(BigramModel(t), BigramModel(t), adaptive_k="sometimes")
+    # adaptive_k's bad values: test_engine_robustness.test_bad_adaptive_k

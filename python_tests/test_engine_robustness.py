@@ -128,7 +128,9 @@ def test_ragged_batch_with_finished_rows_stays_inside_the_caches():
     ids = torch.tensor([[1, 2, 3, 4, 5, 0], [0, 0, 0, 0, 2, 3]])
     mask = torch.tensor([[1] * 6, [0, 0, 0, 0, 1, 1]])
     out = eng.generate(ids, 17, temperature=1.0, seed=5, attention_mask=mask, eos_token_id=4)
-    assert all(len(g) <= 17 for g in out.generated)
+    for g in out.generated:  # each row stops at its first EOS, or at the budget without one
+        assert 4 not in g[:-1] and (g[-1] == 4 or len(g) == 17) and len(g) <= 17
+    assert any(len(g) < 17 for g in out.generated)  # a row did finish early: the case this test is about
 
 
 def test_paged_cache_without_enough_blocks_fails_before_the_first_forward():

@@ -57,7 +57,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -78,9 +78,9 @@ _COMMON = dict(deadline=None, database=None, print_blob=False,
 # shrink: the same search with hypothesis' shrinking (minimal reproducers, slower).
 # quick: ci with QUICK_EXAMPLES per target (the default under SPECDEC_QUICK=1: scripts/test.sh --quick).
 # long: 5000 random examples per target, shrunk.
-settings.register_profile("ci", max_examples=200, derandomize=True, **_COMMON)
-settings.register_profile("quick", max_examples=QUICK_EXAMPLES, derandomize=True, **_COMMON)
-settings.register_profile("shrink", max_examples=200, derandomize=True, **_COMMON)
+_NO_SHRINK = tuple(p for p in Phase if p not in (Phase.shrink, Phase.explain))  # explain needs shrink
+settings.register_profile("ci", max_examples=200, derandomize=True, phases=_NO_SHRINK, **_COMMON)
+settings.register_profile("quick", max_examples=QUICK_EXAMPLES, derandomize=True, phases=_NO_SHRINK, **_COMMON)
 settings.register_profile("shrink", max_examples=200, derandomize=True, **_COMMON)
 settings.register_profile("long", max_examples=5000, **_COMMON)
 settings.load_profile(PROFILE)

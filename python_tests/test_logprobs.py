@@ -64,7 +64,6 @@ def _tied_logits(B, P, V, dtype, seed):
 def test_verify_logprobs(variant, dtype, mode, filters):
     B, K, V, n = 6, 3, 300, 5
     logits = _tied_logits(B, K + 1, V, dtype, seed=V + K)
-    g = torch.Generator().manual_seed(1)
     draft = logits[:, :K].float().argmax(-1)  # likely accepted drafts: several emitted positions
     draft[1, 1] = (draft[1, 1] + 1) % V
     temps = torch.tensor([0.7, 1.0, 0.0, 1.3, 0.9, 1.0])
@@ -76,7 +75,6 @@ def test_verify_logprobs(variant, dtype, mode, filters):
     assert lp.token_logprobs.shape == (B, K + 1) and lp.top_ids.shape == (B, K + 1, n)
     assert lp.top_ids.dtype == torch.int64 and lp.top_logprobs.dtype == torch.float32
     _check(lp, logits, tokens, n, mode == "processed", temps, filters)
-    del g
 
 
 @pytest.mark.parametrize("mode", ["raw", "processed"])
