@@ -13,6 +13,7 @@ CUDA thread as a fiber, thousands of times slower than a GPU.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 
@@ -39,6 +40,16 @@ def _flatten(out):
     return [t for x in out for t in _flatten(x)]
 
 
+def _written_names(bound, names):
+    """The names of the tensors _flatten gives for the written arguments ``names`` (an
+    argument holding several tensors, e.g. ``out=(keys, values)``, gives ``out[0]``, ...)."""
+    out = []
+    for n in names:
+        ts = _flatten(bound.arguments.get(n))
+        out += [n] if len(ts) == 1 else [f"{n}[{i}]" for i in range(len(ts))]
+    return out
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes (NaN-safe bitwise comparison)."""
     return t.detach().contiguous().view(torch.uint8) if t.numel() else t
@@ -59,6 +70,11 @@ class _Backend:
 
     def sync(self):
         pass
+
+    def emulated_device(self, **device):
+        """The emulated device (simt.options: sms, blocks_per_sm, cooperative, capturing) for
+        the calls inside the ``with`` block; on a GPU, nothing changes (its own device)."""
+        return contextlib.nullcontext()
 
     def one_schedule(self):
         """This backend, running each emulated call once (under the first schedule): for the
@@ -126,12 +142,15 @@ class SimtBackend(_Backend):
             start = [w.clone() for w in written]
             first, out = None, None
             for schedule in self.schedules:
-                try:
-                    for w, s in zip(written, start):
-                        w.copy_(s)
-                except RuntimeError:  # an argument that cannot be restored (e.g. expanded): one run
-                    if first is not None:
-                        break
+                if first is not None:  # the next schedule starts from the arguments as they were
+                    for name, w, s in zip(_written_names(bound, _MUTATED[op]), written, start):
+                        try:
+                            w.copy_(s)
+                        except RuntimeError as e:  # e.g. an expanded view: the check cannot run
+                            raise AssertionError(
+                                f"simt {op}: {name} was written but cannot be restored between schedules "
+                                f"({str(e).splitlines()[0]}); pass a writable tensor, or run one schedule "
+                                "(gpu.one_schedule())") from None
                 with self.simt.options(schedule=schedule):
                     out = fn(*args, **kwargs)
                 snap = [_bits(t).clone() for t in _flatten(out) + written]
@@ -148,6 +167,9 @@ class SimtBackend(_Backend):
 
     def one_schedule(self):
         return SimtBackend(self.schedules[:1])
+
+    def emulated_device(self, **device):
+        return self.simt.options(**device)
 
     def options(self, *, launch=None, loads=None, **emulated):
         """As the CUDA backend's, plus the emulated device (simt.options: sms, blocks_per_sm,

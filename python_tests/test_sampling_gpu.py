@@ -15,10 +15,40 @@ from helpers import draft_inputs
 from stats_reference import (ALPHA, chi_square_pvalue, filtered_softmax64, joint_counts, softmax64,
                              verify_joint)
 
-#: rows allowed to differ between the CPU and CUDA kernels: both draw the same Philox
-#: numbers, but float sums are taken in different orders, so a near-tie (a ratio test
-#: u * q * s vs e, or two race keys) can flip. An explicit count, not a ratio.
-MAX_MISMATCHED_ROWS = 2
+#: the fewest rows a CPU / CUDA agreement check compares: with fewer, the mismatch allowance
+#: below would be a large share of the batch (a fake kernel emitting token + 1 passed the old
+#: checks of 1 to 3 rows with 2 allowed)
+MIN_ROWS = 16
+
+
+def max_mismatched_rows(rows: int) -> int:
+    """Rows of ``rows`` compared that may differ between the CPU and CUDA kernels: one in 32,
+    at least one.
+
+    Both draw the same Philox numbers, but float sums are taken in different orders (and
+    exp / log round differently), so a decision that is a near-tie (a ratio test u * q * s
+    within rounding of e, two race keys within rounding of each other: order 1e-6 per
+    decision) can flip. Only near-ties: a real divergence shows up in a large share of the
+    rows. With the fixed seeds of this file and test_verify_tree_gpu.py no row differs in
+    the SIMT emulation (measured: 0 of every batch compared); the allowance is for a GPU or a
+    platform whose exp / log round differently.
+    """
+    return max(1, rows // 32)
+
+
+def assert_rows_agree(cpu, dev, what="tokens", varied=True):
+    """The CPU and device results (dim 0 = rows) differ in at most max_mismatched_rows rows,
+    over at least MIN_ROWS rows; ``varied``: the CPU result is not one value everywhere
+    (something was compared: not all -1; tokens, paths. num_accepted may be 0 everywhere
+    where drafts are rarely accepted: varied=False)."""
+    cpu, dev = cpu.cpu(), dev.cpu()
+    rows = cpu.shape[0]
+    assert cpu.shape == dev.shape, (what, cpu.shape, dev.shape)
+    assert rows >= MIN_ROWS, f"{what}: {rows} rows compared, fewer than MIN_ROWS = {MIN_ROWS}"
+    assert not varied or cpu.unique().numel() > 1, f"{what}: the CPU result is {cpu.flatten()[0].item()} everywhere"
+    n = _mismatches(cpu, dev)
+    assert n <= max_mismatched_rows(rows), f"{what}: {n} of {rows} rows differ"
+
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -49,33 +79,39 @@ def _misaligned_copy(t):
 
 # ---- agreement with the CPU kernels ---------------------------------------------------
 
-# (B, K, V) on a GPU / emulated: one long row (several chunks per row), many rows, ragged
-# vocabularies (V % 128 != 0, V < 128), K = 0.
-SHAPES = [((1, 5, 128256), (1, 5, 128256)), ((64, 3, 32000), (12, 3, 5000)), ((500, 4, 1000), (40, 4, 1000)),
-          ((7, 0, 151936), (3, 0, 9000)), ((33, 2, 301), (33, 2, 301)), ((16, 3, 100), (16, 3, 100))]
+# (B, K, V) on a GPU / emulated, and the emulated device (None: the default 4 resident
+# blocks): long rows in several chunks each (the emulated 64 blocks over 16 rows: 4 chunks
+# of 1280 tokens per row; on a GPU, its own grid over 16 rows of 128256), many rows,
+# ragged vocabularies (V % 128 != 0, V < 128), K = 0. At least MIN_ROWS rows everywhere.
+SHAPES = [((16, 5, 128256), (16, 5, 5000), dict(sms=16, blocks_per_sm=4)), ((64, 3, 32000), (16, 3, 5000), None),
+          ((500, 4, 1000), (40, 4, 1000), None), ((64, 0, 151936), (16, 0, 9000), None),
+          ((33, 2, 301), (33, 2, 301), None), ((16, 3, 100), (16, 3, 100), None)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[0])))
 def test_cpu_and_cuda_kernels_agree(gpu, shape, dtype):
-    """Same Philox numbers on both: rows agree except where float rounding flips a
-    decision (at most MAX_MISMATCHED_ROWS rows); the same validity everywhere."""
-    B, K, V = gpu.size(*shape)
+    """Same Philox numbers on both: tokens and num_accepted agree except where float
+    rounding flips a near-tie (max_mismatched_rows); the same validity everywhere."""
+    B, K, V = gpu.size(*shape[:2])
     L, D, Q = draft_inputs(B, K, V, dtype, seed=B + K)
     temps = _temps(B, seed=1)
-    cpu = specdec_ext.verify(L, D, Q, temps, seed=77, offset=5)
-    dev = gpu.verify(*gpu.to(L, D, Q, temps), seed=77, offset=5)
-    assert _mismatches(cpu.tokens, dev.tokens) <= MAX_MISMATCHED_ROWS
-    assert torch.equal(cpu.valid, dev.valid.cpu())
-    s_cpu = specdec_ext.sample(L[:, 0], temps, seed=3)
-    s_dev = gpu.sample(*gpu.to(L[:, 0], temps), seed=3)
-    assert _mismatches(s_cpu, s_dev) <= MAX_MISMATCHED_ROWS
+    with gpu.emulated_device(**(shape[2] or {})):
+        cpu = specdec_ext.verify(L, D, Q, temps, seed=77, offset=5)
+        dev = gpu.verify(*gpu.to(L, D, Q, temps), seed=77, offset=5)
+        s_cpu = specdec_ext.sample(L[:, 0], temps, seed=3)
+        s_dev = gpu.sample(*gpu.to(L[:, 0], temps), seed=3)
+    assert bool(cpu.valid.all()) and torch.equal(cpu.valid, dev.valid.cpu())
+    assert_rows_agree(cpu.tokens, dev.tokens)
+    if K > 0:
+        assert_rows_agree(cpu.num_accepted, dev.num_accepted, "num_accepted", varied=False)
+    assert_rows_agree(s_cpu, s_dev, "sample")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sampled_rows_agree_at_a_large_vocabulary(gpu, dtype):
     """SAMPLED rows only (no greedy row) at a large V, verify with dense q and with one-hot
-    drafts, and sample with probs_out: at most MAX_MISMATCHED_ROWS rows differ; probs_out
+    drafts, and sample with probs_out: at most max_mismatched_rows rows differ; probs_out
     matches the CPU's to float rounding; the tokens are draws, not argmaxes."""
     B, K, V = gpu.size((256, 2, 128256), (16, 2, 20000))
     L, D, Q = draft_inputs(B, K, V, dtype, seed=11)
@@ -85,7 +121,8 @@ def test_sampled_rows_agree_at_a_large_vocabulary(gpu, dtype):
         cpu = specdec_ext.verify(L, D, q_cpu, temps, seed=123, offset=9)
         dev = gpu.verify(Ld, Dd, q_dev, Td, seed=123, offset=9)
         assert bool(cpu.valid.all()) and torch.equal(cpu.valid, dev.valid.cpu())
-        assert _mismatches(cpu.tokens, dev.tokens) <= MAX_MISMATCHED_ROWS
+        assert_rows_agree(cpu.tokens, dev.tokens)
+        assert_rows_agree(cpu.num_accepted, dev.num_accepted, "num_accepted", varied=False)
         j = cpu.num_accepted
         last = cpu.tokens.gather(1, j.unsqueeze(1)).squeeze(1)
         assert (last != L[torch.arange(B), j].float().argmax(-1)).any()
@@ -93,7 +130,7 @@ def test_sampled_rows_agree_at_a_large_vocabulary(gpu, dtype):
     p_dev = torch.empty(B, V, device=gpu.device)
     s_cpu = specdec_ext.sample(L[:, 0], temps, seed=5, probs_out=p_cpu)
     s_dev = gpu.sample(Ld[:, 0], Td, seed=5, probs_out=p_dev)
-    assert _mismatches(s_cpu, s_dev) <= MAX_MISMATCHED_ROWS
+    assert_rows_agree(s_cpu, s_dev, "sample")
     torch.testing.assert_close(p_dev.cpu(), p_cpu, rtol=1e-4, atol=1e-7)
 
 
@@ -238,11 +275,13 @@ def _on(gpu, f):
 
 @pytest.mark.parametrize("form", ["scalar", "rows"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [((48, 3, 1000), (24, 3, 1000)), ((12, 2, 128256), (2, 2, 12000)),
+@pytest.mark.parametrize("shape", [((48, 3, 1000), (24, 3, 1000)), ((16, 2, 128256), (16, 2, 4000)),
                                    ((33, 2, 301), (33, 2, 301))], ids=lambda s: "x".join(map(str, s[0])))
 def test_filtered_calls_agree_with_the_cpu(gpu, shape, dtype, form):
     """Filtered verify (dense q, one-hot drafts) and sample (+ probs_out): the cutoff kernel
-    finds the CPU's cutoff (same probs_out support), and rows agree up to MAX_MISMATCHED_ROWS."""
+    finds the CPU's cutoff (same probs_out support), and rows agree up to max_mismatched_rows:
+    tokens, num_accepted, the probs_out support, and probs_out itself on the rows of equal
+    support (all but max_mismatched_rows of them)."""
     B, K, V = gpu.size(*shape)
     L, D, Q = draft_inputs(B, K, V, dtype, seed=3 * B + K)
     temps = _temps(B, seed=4, greedy_every=7)  # greedy rows: filters do not apply
@@ -253,16 +292,16 @@ def test_filtered_calls_agree_with_the_cpu(gpu, shape, dtype, form):
         cpu = specdec_ext.verify(L, D, q_cpu, temps, seed=21, offset=4, **f)
         dev = gpu.verify(Ld, Dd, q_dev, Td, seed=21, offset=4, **fd)
         assert bool(cpu.valid.all()) and torch.equal(cpu.valid, dev.valid.cpu())
-        assert _mismatches(cpu.tokens, dev.tokens) <= MAX_MISMATCHED_ROWS
-        assert _mismatches(cpu.num_accepted, dev.num_accepted) <= MAX_MISMATCHED_ROWS
+        assert_rows_agree(cpu.tokens, dev.tokens)
+        assert_rows_agree(cpu.num_accepted, dev.num_accepted, "num_accepted", varied=False)
     p_cpu = torch.empty(B, V)
     p_dev = torch.empty(B, V, device=gpu.device)
     s_cpu = specdec_ext.sample(L[:, 0], temps, seed=8, offset=2, probs_out=p_cpu, **f)
     s_dev = gpu.sample(Ld[:, 0], Td, seed=8, offset=2, probs_out=p_dev, **fd)
-    assert _mismatches(s_cpu, s_dev) <= MAX_MISMATCHED_ROWS
-    same = (p_cpu > 1e-20) == (p_dev.cpu() > 1e-20)
-    assert int((~same.all(1)).sum()) <= MAX_MISMATCHED_ROWS
-    rows = same.all(1)
+    assert_rows_agree(s_cpu, s_dev, "sample")
+    assert_rows_agree(p_cpu > 1e-20, p_dev > 1e-20, "probs_out support")
+    rows = ((p_cpu > 1e-20) == (p_dev.cpu() > 1e-20)).all(1)
+    assert int(rows.sum()) >= B - max_mismatched_rows(B)  # probs_out compared on almost every row
     torch.testing.assert_close(p_dev.cpu()[rows], p_cpu[rows], rtol=1e-4, atol=1e-7)
     if form == "scalar" and V > 50:  # the filters really cut (continuous logits: no ties)
         assert bool(((p_dev.cpu() > 0).sum(1)[temps > 0] <= 50).all())
@@ -320,7 +359,7 @@ def test_ragged_num_drafts(gpu, dtype, filtered):
         cpu = specdec_ext.verify(L, D, q_cpu, temps, num_drafts=n, seed=5, offset=1, **f)
         dev = gpu.verify(Ld, Dd, q_dev, Td, num_drafts=nd, seed=5, offset=1, **f)
         assert bool(dev.valid.all()) and bool(cpu.valid.all())
-        assert _mismatches(cpu.tokens, dev.tokens) <= MAX_MISMATCHED_ROWS
+        assert_rows_agree(cpu.tokens, dev.tokens)
         acc = dev.num_accepted.cpu()
         assert bool((acc <= n).all())
         pos = torch.arange(K + 1).expand(B, -1)
@@ -330,14 +369,14 @@ def test_ragged_num_drafts(gpu, dtype, filtered):
     res = gpu.verify(Ld, Dd, Qd, Td, num_drafts=zero, seed=5, **f)
     assert bool((res.num_accepted == 0).all()) and bool((res.tokens[:, 1:] == -1).all())
     cpu0 = specdec_ext.verify(L, D, Q, temps, num_drafts=torch.zeros(B, dtype=torch.int64), seed=5, **f)
-    assert _mismatches(cpu0.tokens[:, 0], res.tokens[:, 0]) <= MAX_MISMATCHED_ROWS
+    assert_rows_agree(cpu0.tokens[:, 0], res.tokens[:, 0], "num_drafts = 0")
 
 
 # ---- coupled mode ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [((24, 3, 1000), (12, 3, 1000)), ((6, 4, 128256), (2, 3, 9000)),
-                                   ((9, 2, 301), (9, 2, 301))], ids=lambda s: "x".join(map(str, s[0])))
+@pytest.mark.parametrize("shape", [((24, 3, 1000), (16, 3, 1000)), ((16, 4, 128256), (16, 3, 3000)),
+                                   ((16, 2, 301), (16, 2, 301))], ids=lambda s: "x".join(map(str, s[0])))
 def test_coupled_contract(gpu, shape, dtype):
     """Coupled verify: the token at verified position i of row b is exactly
     sample(target_logits[:, i], ..., seed, offset + i)[b] on the same device (filters,
@@ -369,7 +408,7 @@ def test_coupled_contract(gpu, shape, dtype):
         cpu = specdec_ext.verify(L, drafts.cpu(), None, temps, num_drafts=n, seed=seed, offset=offset,
                                  mode="coupled", **f)
         assert torch.equal(cpu.valid, res.valid.cpu())
-        assert _mismatches(cpu.tokens, res.tokens) <= MAX_MISMATCHED_ROWS
+        assert_rows_agree(cpu.tokens, res.tokens, "coupled tokens")
     Q = torch.full((B, K, V), float("nan"), dtype=torch.float16, device=gpu.device)
     with_q = gpu.verify(Ld, Dm, Q, Td, num_drafts=nd, seed=seed, offset=offset, mode="coupled", **fd)
     without = gpu.verify(Ld, Dm, None, Td, num_drafts=nd, seed=seed, offset=offset, mode="coupled", **fd)
