@@ -1,15 +1,42 @@
 """Closed-form distributions of speculative sampling and a chi-square test.
 
-Everything here is float64 and independent of the package's kernels.
+Everything here is float64 and independent of the package's kernels. ALPHA, the level of
+every chi-square check in the suite, is corrected (Bonferroni) for the number of checks, so
+that a full run rejects a correct kernel with chance at most SUITE_FALSE_ALARM; the count is
+kept honest by law_checks() (each test's checks, from its source) and its two guards: each
+check counted against its test's law_checks() as it runs, and the suite's total against
+N_LAW_CHECKS (test_sampling_exactness.py).
 """
+import ast
+import functools
+import inspect
+import os
+import sys
+import textwrap
+
 import numpy as np
 import torch
 from scipy import stats
 
-# Significance of every goodness-of-fit test in this suite. Seeds are fixed, so a
-# test either always passes or always fails; 1e-3 keeps a correct kernel's chance
-# of a false alarm per test at 0.1%.
-ALPHA = 1e-3
+#: The chance that one full run of the suite (every collected item: CPU, CUDA and SIMT)
+#: rejects a correct kernel in at least one chi-square check. Seeds are fixed, so a given
+#: commit either always passes or always fails; but a change of random streams (a new seed
+#: rule, a new kernel schedule) redraws every check at once, and then this is the chance
+#: that a correct change turns the suite red.
+SUITE_FALSE_ALARM = 0.01
+
+#: An upper bound on the chi-square checks of one full run: the sum of law_checks() over
+#: every collected test item (each parametrised case and device counted, the CUDA and SIMT
+#: ones included; the power checks, which expect a rejection, counted too). Counted
+#: 2026-12-03 by count_suite_law_checks(): 372 (320 before the laws over several tiles), so
+#: 400 leaves room for a few new law tests; test_sampling_exactness.py fails, naming the
+#: count, once the suite outgrows it. Tests that use another statistic (scipy directly) are
+#: outside this count: use chi_square_pvalue.
+N_LAW_CHECKS = 400
+
+#: Significance of every chi-square check in this suite: Bonferroni, so that the union
+#: bound keeps the whole run's false-alarm chance at SUITE_FALSE_ALARM.
+ALPHA = SUITE_FALSE_ALARM / N_LAW_CHECKS
 
 
 def softmax64(logits: torch.Tensor, temperature: float) -> np.ndarray:
@@ -52,6 +79,7 @@ def chi_square_pvalue(counts: np.ndarray, expected_probs: np.ndarray, min_expect
     """Pearson chi-square goodness of fit; cells with expected count < min_expected
     are merged into one cell (and a cell with zero probability but observations
     fails outright)."""
+    _record_check()
     counts = np.asarray(counts, dtype=np.float64).ravel()
     probs = np.asarray(expected_probs, dtype=np.float64).ravel()
     n = counts.sum()
@@ -102,14 +130,54 @@ def filtered_softmax64(logits: torch.Tensor, temperature: float, top_k: int = 0,
     if top_p < 1.0:
         pk = torch.where(keep, p, torch.zeros_like(p))
         pk = pk / pk.sum(-1, keepdim=True)
-        # mass of survivors with a strictly higher logit than v
-        higher = (x.unsqueeze(-2) > x.unsqueeze(-1)) & keep.unsqueeze(-2)  # [..., v, u]: l_u > l_v
-        above = (higher.double() * pk.unsqueeze(-2)).sum(-1)
+        # mass of survivors with a strictly higher logit than v: the exclusive prefix sum in
+        # descending logit order, taken at the first token of v's run of equal logits
+        xs, order = torch.sort(x, dim=-1, descending=True, stable=True)
+        ps = pk.gather(-1, order)
+        exclusive = torch.cumsum(ps, -1) - ps
+        pos = torch.arange(V).expand_as(xs)
+        new_run = torch.ones_like(xs, dtype=torch.bool)
+        new_run[..., 1:] = xs[..., 1:] != xs[..., :-1]
+        run_start = torch.where(new_run, pos, torch.zeros_like(pos)).cummax(-1).values
+        above = torch.empty_like(pk).scatter_(-1, order, exclusive.gather(-1, run_start))
         keep &= above < top_p
     if min_p > 0.0:
         keep &= p >= min_p * p.max(-1, keepdim=True).values
     out = torch.where(keep, p, torch.zeros_like(p))
     return (out / out.sum(-1, keepdim=True)).numpy()
+
+
+#: the stride of tiled_logits' likely tokens: prime, so that they are distinct at any V it
+#: does not divide, and they land in every 128-token tile of the vocabulary
+TILE_STRIDE = 37
+
+
+def tiled_logits(rows: int, V: int, seed: int, hot: int = 40, scale: float = 1.0) -> torch.Tensor:
+    """Logits [rows, V] float32 (CPU) for filtered laws over a vocabulary of several 128-token
+    tiles (the CUDA kernels' race tiles, the CPU's blocks): ``hot`` likely tokens at indices
+    5 + TILE_STRIDE * j (mod V), so spread over every tile, with N(0, scale^2) logits (each
+    row its own), the other tokens N(-6, 0.25) (a thin tail, about 1 % of the mass at T = 1).
+    Each row's most likely token is its last likely token (the one in the highest tile).
+    Top-k, top-p and min-p then keep a few tens of tokens, in many tiles, so a chi-square over
+    V cells has the mass concentrated; a filter's threshold taken within one tile (or a
+    survivor lost in a tile's compaction) changes the law."""
+    assert V % TILE_STRIDE != 0 and hot <= V
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, V, generator=g) * 0.5 - 6.0
+    values = torch.randn(rows, hot, generator=g) * scale
+    idx = hot_tokens(V, hot)
+    last = int(idx.argmax())
+    top = values.argmax(-1)
+    swapped = values.gather(1, top[:, None])
+    values.scatter_(1, top[:, None], values[:, last:last + 1].clone())
+    values[:, last:last + 1] = swapped
+    logits[:, idx] = values
+    return logits
+
+
+def hot_tokens(V: int, hot: int = 40) -> torch.Tensor:
+    """The likely tokens [hot] int64 of tiled_logits."""
+    return (torch.arange(hot) * TILE_STRIDE + 5) % V
 
 
 def sequence_law(next_probs, prompt, n: int, V: int) -> np.ndarray:
@@ -139,3 +207,160 @@ def sequence_counts(generated, n: int, V: int) -> np.ndarray:
     for i in range(n):
         flat = flat * V + gen[:, i]
     return torch.bincount(flat, minlength=V ** n).numpy()
+
+
+# ---- the count behind ALPHA ---------------------------------------------------------------------
+
+#: Test functions (and helpers) whose chi-square checks sit in a loop, where law_checks()
+#: cannot count them from the source: "module.qualname" -> checks per call.
+REPEATED_CHECKS = {
+    "test_compat_vllm.test_emitted_law_matches_the_filtered_target_law": 3,   # 3 request types
+    "test_sampling_gpu.test_coupled_and_ragged_laws": 4,                      # coupled + 3 draft counts
+    "test_verify_block.test_law_filters_and_ragged_rows": 4,                  # 3 draft counts + 1 power
+    "test_sampling_filters.test_per_row_filters_mix": 4,                      # 4 row groups
+    "test_sampling_filters.test_power_unfiltered_q_with_filtered_drafts_is_detected": 2,  # right q, wrong q
+    "test_sampling_filters.test_ragged_num_drafts_joint_law": 4,              # num_drafts 0..3
+    "test_sampling_filters.test_ragged_rows_mix_greedy_one_hot_and_dense": 2,  # 2 draft counts
+}
+
+_SUITE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class LawCountError(AssertionError):
+    """The chi-square checks of a test do not match the count ALPHA is corrected for."""
+
+
+def _in_suite(fn) -> bool:
+    try:
+        return os.path.dirname(os.path.abspath(inspect.getsourcefile(fn))) == _SUITE_DIR
+    except TypeError:  # a builtin, a C function
+        return False
+
+
+def _callee_checks(func: ast.expr, namespace: dict) -> int:
+    """The checks of one call, from the called expression: a name of this suite's namespace,
+    or an attribute of one of its modules (``stats_reference.chi_square_pvalue``)."""
+    if isinstance(func, ast.Name):
+        obj = namespace.get(func.id)
+    elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        obj = getattr(namespace.get(func.value.id), func.attr, None)
+    else:  # a method of a value (gpu.one_schedule().verify_tree): not a law helper
+        return 0
+    return law_checks(obj) if inspect.isfunction(obj) else 0
+
+
+_LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+@functools.lru_cache(maxsize=None)
+def law_checks(fn) -> int:
+    """The chi-square checks one call of the function ``fn`` makes, counted from its source:
+    a call of chi_square_pvalue counts 1, a call of another function of this suite counts
+    that function's checks (so helpers such as tree_law_pvalue count where they are used),
+    both branches of an ``if`` count. A counted call inside a loop or comprehension needs
+    the function's entry in REPEATED_CHECKS (raises LawCountError naming it otherwise)."""
+    fn = inspect.unwrap(fn)
+    if fn is chi_square_pvalue:
+        return 1
+    key = f"{fn.__module__}.{fn.__qualname__}"
+    if key in REPEATED_CHECKS:
+        return REPEATED_CHECKS[key]
+    if not _in_suite(fn):
+        return 0
+    total = 0
+
+    def visit(node, in_loop):
+        nonlocal total
+        if isinstance(node, ast.Call):
+            n = _callee_checks(node.func, fn.__globals__)
+            if n and in_loop:
+                raise LawCountError(f"{key} makes chi-square checks in a loop: state how many a call makes "
+                                    "in stats_reference.REPEATED_CHECKS")
+            total += n
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_loop or isinstance(node, _LOOPS))
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except SyntaxError:  # a lambda inside an expression (its source line is no statement): by the names it calls
+        return sum(law_checks(obj) for obj in map(fn.__globals__.get, fn.__code__.co_names) if inspect.isfunction(obj))
+    visit(tree, False)
+    return total
+
+
+def _item_function(nodeid: str):
+    """The test function of a pytest node id (``path/test_x.py::Class::test_y[params]``),
+    from the imported test module (this suite imports test modules by their base name)."""
+    path, *names = nodeid.split("::")
+    obj = sys.modules.get(os.path.splitext(os.path.basename(path))[0])
+    for name in names:
+        obj = getattr(obj, name.split("[", 1)[0], None)
+    return obj
+
+
+_CURRENT = {"nodeid": None, "checks": 0}
+
+
+def _record_check():
+    """Counts the chi-square checks of the running test (pytest's PYTEST_CURRENT_TEST) and
+    fails the check that goes beyond law_checks() of the test's function: the count behind
+    N_LAW_CHECKS is then wrong (a loop missing from REPEATED_CHECKS, or a stale entry)."""
+    current = os.environ.get("PYTEST_CURRENT_TEST")
+    if current is None:
+        return
+    nodeid = current.rsplit(" (", 1)[0]
+    if nodeid != _CURRENT["nodeid"]:
+        _CURRENT.update(nodeid=nodeid, checks=0)
+    _CURRENT["checks"] += 1
+    fn = _item_function(nodeid)
+    if fn is None:
+        return
+    allowed = law_checks(fn)
+    if _CURRENT["checks"] > allowed:
+        raise LawCountError(f"{nodeid} made {_CURRENT['checks']} chi-square checks, law_checks() counts {allowed} "
+                            "for it: fix stats_reference.REPEATED_CHECKS (and N_LAW_CHECKS)")
+
+
+def law_test_files() -> list:
+    """This suite's test files that can make chi-square checks: those that import
+    stats_reference, or import a module of the suite that does (transitively)."""
+    names = [f[:-3] for f in sorted(os.listdir(_SUITE_DIR)) if f.endswith(".py")]
+    text = {n: open(os.path.join(_SUITE_DIR, n + ".py")).read() for n in names}
+    law = {"stats_reference"}
+    grew = True
+    while grew:
+        grew = False
+        for n in names:
+            if n not in law and any(f"import {m}" in text[n] or f"from {m} import" in text[n] for m in law):
+                law.add(n)
+                grew = True
+    return [os.path.join(_SUITE_DIR, n + ".py") for n in names if n in law and n.startswith("test_")]
+
+
+def suite_law_checks(items) -> int:
+    """Sum of law_checks() over collected pytest items (each parametrised case, each device)."""
+    return sum(law_checks(item.function) for item in items if getattr(item, "function", None) is not None)
+
+
+def count_suite_law_checks() -> int:
+    """suite_law_checks() over every item of law_test_files(), collected by a nested pytest
+    session in this process (the modules imported once serve both) without marker selection:
+    the CUDA and SIMT items count too (a GPU machine runs them). Raises AssertionError when the
+    collection fails."""
+    import pytest
+
+    class Count:
+        total, error = None, None
+
+        def pytest_collection_finish(self, session):
+            try:
+                Count.total = suite_law_checks(session.items)
+            except LawCountError as e:  # a loop without its REPEATED_CHECKS entry: say which
+                Count.error = e
+
+    rc = pytest.main(["--collect-only", "-qq", "-p", "no:cacheprovider", "-p", "no:faulthandler", *law_test_files()],
+                     plugins=[Count()])
+    if Count.error is not None:
+        raise Count.error
+    assert rc == 0 and Count.total is not None, f"collecting the law tests failed (pytest exit code {rc})"
+    return Count.total

@@ -1,7 +1,9 @@
 """specdec_ext.compat.flashinfer: FlashInfer's own sampling test cases (flashinfer-ai/flashinfer,
 tests/utils/test_sampling.py), re-expressed through the shim at CPU sizes, plus chi-square
-laws of the shim's draws (Pearson, fixed seeds, ALPHA = 1e-3, cells with expected count < 5
-merged: stats_reference.chi_square_pvalue), the documented differences and argument errors.
+laws of the shim's draws (Pearson, fixed seeds, stats_reference.ALPHA, cells with expected
+count < 5 merged: stats_reference.chi_square_pvalue), among them the filtered laws over
+vocabularies of several 128-token tiles at two temperatures, the documented differences and
+argument errors.
 
 Where FlashInfer checks a law by cosine similarity of frequencies, these tests use the
 chi-square test against the float64 law; where it allows a tie or two at the top-k boundary,
@@ -14,7 +16,7 @@ import torch
 
 from helpers import draws
 from specdec_ext.compat import flashinfer as fi
-from stats_reference import ALPHA, chi_square_pvalue, filtered_softmax64, joint_counts, verify_joint
+from stats_reference import ALPHA, chi_square_pvalue, filtered_softmax64, joint_counts, tiled_logits, verify_joint
 
 N_DRAWS = draws(40_000)
 
@@ -184,6 +186,59 @@ def test_top_k_top_p_law(order, source, device):
     assert not np.array_equal(first > 0, joint > 0)  # the case tells the orders apart
     law = joint if order == "joint" else first
     assert chi_square_pvalue(_counts(samples.cpu(), V), law) > ALPHA
+
+
+# ---- laws over several 128-token tiles, at two temperatures ----
+
+#: (V, temperature): tiled_logits' likely tokens in every tile of V; the temperature through
+#: fi.softmax (FlashInfer's samplers take probabilities) or dividing the logits
+TILED = [(300, 0.7), (1000, 1.3)]
+TILED_FNS = ["top_k", "top_p", "min_p", "top_k_first_logits", "joint_probs"]
+N_TILED = draws(20_000)
+
+
+@pytest.mark.law
+@pytest.mark.parametrize("fn", TILED_FNS)
+@pytest.mark.parametrize("V,T", TILED)
+def test_filtered_laws_across_tiles(fn, V, T, device):
+    """Each filtered sampler's law on a row whose survivors lie in several tiles."""
+    logits = tiled_logits(1, V, seed=V + len(fn))
+    probs = fi.softmax(logits.to(device), temperature=T)
+    idx = torch.zeros(N_TILED, dtype=torch.int32, device=device)
+    draw = dict(indices=idx, seed=12, offset=0)
+    if fn == "top_k":
+        samples, law = fi.top_k_sampling_from_probs(probs, 20, **draw), _law_of_probs(probs[0].cpu(), top_k=20)
+    elif fn == "top_p":
+        samples, law = fi.top_p_sampling_from_probs(probs, 0.8, **draw), _law_of_probs(probs[0].cpu(), top_p=0.8)
+    elif fn == "min_p":
+        samples, law = fi.min_p_sampling_from_probs(probs, 0.1, **draw), _law_of_probs(probs[0].cpu(), min_p=0.1)
+    elif fn == "top_k_first_logits":
+        samples = fi.top_k_top_p_sampling_from_logits((logits / T).to(device), 30, 0.9,
+                                                      filter_apply_order="top_k_first", **draw)
+        law = filtered_softmax64(logits[0] / T, 1.0, top_k=30, top_p=0.9)
+    else:
+        samples = fi.top_k_top_p_sampling_from_probs(probs, 30, 0.9, filter_apply_order="joint", **draw)
+        law = _joint_law(probs[0].cpu(), 30, 0.9)
+    assert len(set((np.flatnonzero(law) // 128).tolist())) >= 2  # the survivors span tiles
+    assert chi_square_pvalue(_counts(samples.cpu(), V), law) > ALPHA
+
+
+@pytest.mark.law
+@pytest.mark.parametrize("V,T", TILED)
+def test_chain_speculative_sampling_law_across_tiles(V, T, device):
+    """chain_speculative_sampling on a top-k-renormalised target (top_k_renorm_probs of
+    fi.softmax at T) and a filtered draft, K = 2: the joint law of (emitted count, token)."""
+    K, n = 2, N_TILED
+    logits = tiled_logits(K + 1, V, seed=40 + V)
+    p = fi.top_k_renorm_probs(fi.softmax(logits, temperature=T), 20)
+    q = fi.top_k_renorm_probs(fi.softmax(logits[:K] + torch.randn(K, V, generator=_gen(41)), temperature=T), 20)
+    draft = torch.multinomial(q * (p[:K] > 0), 1, generator=_gen(42)).view(K)  # drafts the target can accept
+    tokens, _, emitted = fi.chain_speculative_sampling(
+        q.expand(n, K, V).to(device), draft.expand(n, K).to(device), p.expand(n, K + 1, V).to(device), seed=13,
+        offset=0)
+    p64, q64 = p.double().numpy(), q.double().numpy()
+    law = verify_joint(p64 / p64.sum(-1, keepdims=True), q64 / q64.sum(-1, keepdims=True), draft.numpy())
+    assert chi_square_pvalue(joint_counts(tokens.cpu(), emitted.cpu().long(), K, V), law) > ALPHA
 
 
 # ---- FlashInfer's range / mask tests (every draw in the kept set), small batches ----

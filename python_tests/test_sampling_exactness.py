@@ -8,7 +8,8 @@ import torch
 
 import specdec_ext
 from helpers import draws
-from stats_reference import ALPHA, chi_square_pvalue, joint_counts, softmax64, verify_joint
+from stats_reference import (ALPHA, N_LAW_CHECKS, SUITE_FALSE_ALARM, chi_square_pvalue, count_suite_law_checks,
+                             joint_counts, softmax64, verify_joint)
 
 N_DRAWS = draws(100_000)
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -153,3 +154,15 @@ def test_chi_square_detects_a_wrong_distribution():
     res = _run_verify(logits, None, draft, 1.0, "cpu", N_DRAWS, seed=1234)
     expected = verify_joint(softmax64(logits, 1.0), probs.double().numpy(), draft.numpy())
     assert chi_square_pvalue(joint_counts(res.tokens, res.num_accepted, 3, 37), expected) < ALPHA
+
+
+def test_alpha_is_corrected_for_every_chi_square_check_of_the_suite():
+    """ALPHA = SUITE_FALSE_ALARM / N_LAW_CHECKS (Bonferroni) bounds a full run's chance of
+    rejecting a correct kernel at SUITE_FALSE_ALARM only while the suite makes at most
+    N_LAW_CHECKS chi-square checks: count them over every collected item (law_checks() of each
+    test function, every parametrised case and device; each test's own count is checked when
+    it runs, stats_reference._record_check)."""
+    assert ALPHA * N_LAW_CHECKS == pytest.approx(SUITE_FALSE_ALARM)
+    count = count_suite_law_checks()
+    assert count <= N_LAW_CHECKS, (f"the suite makes {count} chi-square checks, ALPHA is corrected for "
+                                   f"{N_LAW_CHECKS}: raise stats_reference.N_LAW_CHECKS to at least {count}")

@@ -1,29 +1,43 @@
 """top-k / top-p / min-p inside verify and sample, per-row draft counts and coupled mode:
 goodness of fit of the emitted laws against the filtered target law computed in float64 by
 sorting (stats_reference.filtered_softmax64), Pearson chi-square at ALPHA; plus the coupled
-contract, argument errors, opcheck and torch.compile."""
+contract, argument errors, opcheck and torch.compile.
+
+The filtered laws run over vocabularies of several 128-token tiles (V = 300 and 1000, the
+likely tokens of stats_reference.tiled_logits spread over every tile) at two temperatures,
+so that a filter decided within one tile, or a survivor lost when the tiles' candidates are
+merged, changes the law (test_power_tile_local_filters_are_rejected plants that bug)."""
 import numpy as np
 import pytest
 import torch
 
 import specdec_ext
 from helpers import draws
-from stats_reference import ALPHA, chi_square_pvalue, filtered_softmax64, joint_counts, verify_joint
+from stats_reference import (ALPHA, chi_square_pvalue, filtered_softmax64, joint_counts, tiled_logits,
+                             verify_joint)
 
 N_DRAWS = draws(60_000)
+#: the draws of a law at V = 300 / 1000 (rows broadcast, so memory is N x (K + 1) x V)
+N_TILED = draws(30_000)
+TILE = 128
 
 FILTERS = {
-    "top_k": dict(top_k=5),
+    "top_k": dict(top_k=20),
     "top_p": dict(top_p=0.8),
     "min_p": dict(min_p=0.1),
-    "all": dict(top_k=12, top_p=0.9, min_p=0.05),
-    "top_p_after_top_k": dict(top_k=4, top_p=0.6),
+    "all": dict(top_k=30, top_p=0.9, min_p=0.05),
+    "top_p_after_top_k": dict(top_k=12, top_p=0.6),
 }
 
 
 def _logits(K1, V, seed, dtype=torch.float32, scale=1.5):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(K1, V, generator=g) * scale).to(dtype)
+
+
+def _tiles(p):
+    """The 128-token tiles holding a surviving token of the law(s) p [..., V]."""
+    return set((np.flatnonzero((np.asarray(p) > 0).reshape(-1, p.shape[-1]).any(0)) // TILE).tolist())
 
 
 def _filtered_draft(K, V, filt, seed, temperature=1.0, target=None):
@@ -48,32 +62,89 @@ def _joint_pvalue(res, p, q, draft, K, V):
     return chi_square_pvalue(joint_counts(res.tokens, res.num_accepted, K, V), verify_joint(p, q, draft))
 
 
+# (K, logits dtype, V, temperature): every filter at both vocabularies, both temperatures, both dtypes
+VERIFY_CASES = [(2, torch.float32, 300, 0.7), (1, torch.float32, 1000, 1.3), (1, torch.bfloat16, 1000, 0.7)]
+
+
 @pytest.mark.parametrize("name", list(FILTERS))
-@pytest.mark.parametrize("K,dtype", [(1, torch.float32), (2, torch.float32), (2, torch.bfloat16)])
-def test_filtered_verify_law(name, K, dtype, device):
-    filt, V, T = FILTERS[name], 40, 0.9
-    logits = _logits(K + 1, V, seed=K * 7 + len(name), dtype=dtype)
+@pytest.mark.parametrize("K,dtype,V,T", VERIFY_CASES, ids=lambda c: str(c).replace("torch.", ""))
+def test_filtered_verify_law(name, K, dtype, V, T, device):
+    """The joint law of (accepted drafts, emitted token) under each filter, with drafts the
+    filtered target can accept (the filtered ratio test, the filtered residual, the bonus)."""
+    filt = FILTERS[name]
+    logits = tiled_logits(K + 1, V, seed=K * 7 + len(name)).to(dtype)
     q, draft = _filtered_draft(K, V, filt, seed=11 + K, temperature=T, target=logits)
-    res = specdec_ext.verify(_expand(logits, N_DRAWS).to(device), _expand(draft, N_DRAWS).to(device),
-                             _expand(q, N_DRAWS).to(device), T, seed=5, **filt)
+    res = specdec_ext.verify(_expand(logits, N_TILED).to(device), _expand(draft, N_TILED).to(device),
+                             _expand(q, N_TILED).to(device), T, seed=5, **filt)
     p = filtered_softmax64(logits, T, **filt)
+    assert len(_tiles(p)) >= 2  # the survivors span tiles
     assert (p[np.arange(K), draft.numpy()] > 0).all()  # every draft can be accepted
     assert res.num_accepted.float().mean().item() > 0.1
     assert _joint_pvalue(res, p, q.double().numpy(), draft.numpy(), K, V) > ALPHA
 
 
-@pytest.mark.parametrize("name", list(FILTERS))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_filtered_sample_law_and_probs(name, dtype, device):
-    filt, V, T = FILTERS[name], 40, 1.2
-    logits = _logits(1, V, seed=3 + len(name), dtype=dtype)[0]
+# (logits dtype, V, temperature)
+SAMPLE_CASES = [(torch.float32, 300, 0.7), (torch.float32, 1000, 1.3), (torch.bfloat16, 1000, 0.7)]
+
+
+def _sample_law_pvalue(sample, name, dtype, V, T, device):
+    """p-value of N_TILED draws of ``sample`` (specdec_ext.sample's signature) from one row
+    of tiled logits under FILTERS[name], against the filtered law."""
+    filt = FILTERS[name]
+    logits = tiled_logits(1, V, seed=3 + len(name) + V).to(dtype)[0]
     p = filtered_softmax64(logits, T, **filt)
-    probs = torch.full((N_DRAWS, V), -1.0, device=device)
-    tokens = specdec_ext.sample(_expand(logits, N_DRAWS).to(device), T, seed=9, probs_out=probs, **filt)
-    assert chi_square_pvalue(torch.bincount(tokens.cpu(), minlength=V).numpy(), p) > ALPHA
-    written = probs[0].double().cpu().numpy()
-    assert np.array_equal(written > 0, p > 0)  # exactly the surviving tokens
+    assert len(_tiles(p)) >= 2  # the survivors span tiles
+    tokens = sample(_expand(logits, N_TILED).to(device), T, seed=9, **filt)
+    return chi_square_pvalue(torch.bincount(tokens.cpu(), minlength=V).numpy(), p)
+
+
+@pytest.mark.parametrize("name", list(FILTERS))
+@pytest.mark.parametrize("dtype,V,T", SAMPLE_CASES, ids=lambda c: str(c).replace("torch.", ""))
+def test_filtered_sample_law_and_probs(name, dtype, V, T, device):
+    """sample's law under each filter, and the filtered probabilities it writes (probs_out)."""
+    assert _sample_law_pvalue(specdec_ext.sample, name, dtype, V, T, device) > ALPHA
+    logits = tiled_logits(1, V, seed=3 + len(name) + V).to(dtype)
+    p = filtered_softmax64(logits[0], T, **FILTERS[name])
+    probs = torch.full((4, V), -1.0, device=device)
+    specdec_ext.sample(_expand(logits[0], 4).to(device), T, seed=9, probs_out=probs, **FILTERS[name])
+    written = probs.double().cpu().numpy()
+    assert (np.equal(written > 0, p > 0)).all()  # exactly the surviving tokens, every row
     assert np.abs(written - p).max() < 1e-5
+
+
+def _first_tile_law(logits, T, top_k=0, top_p=1.0, min_p=0.0):
+    """A planted bug's law: each filter's threshold (the k-th largest logit, the top-p cut,
+    the max probability of min-p) taken over the first 128-token tile only, then applied to
+    the whole row. It is the filtered law whenever V <= 128."""
+    x = logits.detach().cpu().double()
+    first = x[..., :TILE]
+    p = torch.softmax(x / T, -1)
+    keep = torch.ones_like(x, dtype=torch.bool)
+    if 0 < top_k < first.shape[-1]:
+        keep &= x >= torch.topk(first, top_k, -1).values[..., -1:]
+    if top_p < 1.0:
+        pf = torch.from_numpy(filtered_softmax64(first, T, top_k=top_k, top_p=top_p))
+        cut = torch.where(pf > 0, first, torch.full_like(first, float("inf"))).min(-1, keepdim=True).values
+        keep &= x >= cut
+    if min_p > 0.0:
+        keep &= p >= min_p * torch.softmax(x / T, -1)[..., :TILE].max(-1, keepdim=True).values
+    out = torch.where(keep, p, torch.zeros_like(p))
+    return (out / out.sum(-1, keepdim=True)).numpy()
+
+
+@pytest.mark.parametrize("name", list(FILTERS))
+def test_power_tile_local_filters_are_rejected(name):
+    """The planted bug of _first_tile_law (filters decided within the first tile): a sampler
+    drawing from it passes the single-tile laws these tests replaced (V = 40: the law is the
+    same, number for number) and is rejected by _sample_law_pvalue at V = 300 and at V = 1000."""
+    def planted(logits, T, seed, **filt):
+        law = torch.from_numpy(_first_tile_law(logits[:1], T, **filt)[0])
+        return torch.multinomial(law, logits.shape[0], replacement=True, generator=torch.Generator().manual_seed(seed))
+
+    small = _logits(1, 40, seed=3 + len(name))
+    assert np.array_equal(_first_tile_law(small, 1.2, **FILTERS[name]), filtered_softmax64(small, 1.2, **FILTERS[name]))
+    assert _sample_law_pvalue(planted, name, torch.float32, 300, 0.7, "cpu") < ALPHA
+    assert _sample_law_pvalue(planted, name, torch.float32, 1000, 1.3, "cpu") < ALPHA
 
 
 def test_ties_at_the_top_k_boundary_are_kept(device):
@@ -87,12 +158,12 @@ def test_ties_at_the_top_k_boundary_are_kept(device):
 
 def test_per_row_filters_mix(device):
     """[B] filter tensors: four interleaved groups of rows with different filters (one
-    unfiltered), each group's law checked on its own."""
-    V, T, groups = 30, 1.0, 4
-    logits = _logits(2, V, seed=21)
-    top_k = torch.tensor([0, 3, 0, 8]).repeat(N_DRAWS // groups)
-    top_p = torch.tensor([1.0, 1.0, 0.7, 0.9]).repeat(N_DRAWS // groups)
-    min_p = torch.tensor([0.0, 0.0, 0.0, 0.2]).repeat(N_DRAWS // groups)
+    unfiltered), each group's law checked on its own; V = 300 (three tiles), T = 0.8."""
+    V, T, groups = 300, 0.8, 4
+    logits = tiled_logits(2, V, seed=21)
+    top_k = torch.tensor([0, 8, 0, 20]).repeat(N_TILED // groups)
+    top_p = torch.tensor([1.0, 1.0, 0.7, 0.9]).repeat(N_TILED // groups)
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.1]).repeat(N_TILED // groups)
     n = top_k.numel()
     draft = torch.tensor([int(logits[0].argmax())])
     res = specdec_ext.verify(_expand(logits, n).to(device), _expand(draft, n).to(device), None, T, seed=3,
@@ -127,12 +198,13 @@ def test_power_unfiltered_q_with_filtered_drafts_is_detected(device):
 def test_ragged_num_drafts_joint_law(device):
     """Rows with num_drafts 0..K in one call (one-hot drafts): each group's joint law of
     (accepted count, token) is the closed form of a K = num_drafts row; tokens after the
-    row's bonus position are -1, and num_drafts = 0 is plain sampling from position 0."""
-    K, V, T, filt = 3, 30, 1.0, dict(top_p=0.9)
-    logits = _logits(K + 1, V, seed=31)
+    row's bonus position are -1, and num_drafts = 0 is plain sampling from position 0.
+    V = 300, T = 1.3 (top-p 0.9 keeps tokens in every tile)."""
+    K, V, T, filt = 3, 300, 1.3, dict(top_p=0.9)
+    logits = tiled_logits(K + 1, V, seed=31)
     p = filtered_softmax64(logits, T, **filt)
     draft = torch.from_numpy(p[:K].argmax(-1))  # likely drafts: every group reaches deep positions
-    nd = torch.arange(K + 1).repeat(N_DRAWS // (K + 1))
+    nd = torch.arange(K + 1).repeat(N_TILED // (K + 1))
     n = nd.numel()
     res = specdec_ext.verify(_expand(logits, n).to(device), _expand(draft, n).to(device), None, T, seed=4,
                              num_drafts=nd.to(device), **filt)
@@ -169,16 +241,16 @@ def test_ragged_rows_mix_greedy_one_hot_and_dense(device):
         assert _joint_pvalue(sub, p[:k + 1], q[:k].double().numpy(), draft[:k].numpy(), k, V) > ALPHA
 
 
-@pytest.mark.parametrize("filt", [{}, dict(top_p=0.85, top_k=10)])
+@pytest.mark.parametrize("filt", [{}, dict(top_p=0.85, top_k=20)])
 def test_coupled_marginal_law(filt, device):
     """Coupled mode with fixed drafts: the target's own samples are independent across
     positions (offsets differ), so the joint law equals the one-hot closed form, and every
-    emitted token follows p'."""
-    K, V, T = 2, 30, 1.0
-    logits = _logits(K + 1, V, seed=51)
+    emitted token follows p'. V = 300, T = 0.7."""
+    K, V, T = 2, 300, 0.7
+    logits = tiled_logits(K + 1, V, seed=51)
     p = filtered_softmax64(logits, T, **filt)
     draft = torch.from_numpy(p[:K].argmax(-1))
-    res = specdec_ext.verify(_expand(logits, N_DRAWS).to(device), _expand(draft, N_DRAWS).to(device), None, T,
+    res = specdec_ext.verify(_expand(logits, N_TILED).to(device), _expand(draft, N_TILED).to(device), None, T,
                              seed=12, mode="coupled", **filt)
     assert _joint_pvalue(res, p, None, draft.numpy(), K, V) > ALPHA
 

@@ -1,5 +1,7 @@
 """specdec_ext.verify_tree on the CPU: the law of the emitted tokens (chi-square against the
-target's closed-form joint law, with power checks), chain-shaped trees == verify token for
+target's closed-form joint law, with power checks: the first two tokens at V = 6, the first
+three (the depth-2 bonus) at V = 6 and two more temperatures, the filtered laws at V = 300 and
+1000 over several 128-token tiles at T = 0.7 and 1.3), chain-shaped trees == verify token for
 token, greedy walks, the outputs' layout, invalid rows and argument errors, opcheck and
 torch.compile. The CUDA kernel's families are in test_verify_tree_gpu.py."""
 import numpy as np
@@ -9,7 +11,8 @@ import torch
 import specdec_ext
 from helpers import draft_inputs, draws
 from stats_reference import ALPHA, chi_square_pvalue
-from tree_cases import bfs_parents, chain_parents, draw_trees, first_two, joint_law, node_paths, table
+from tree_cases import (bfs_parents, chain_parents, draw_trees, first_tokens, first_two, joint_law, node_paths,
+                        table, tiled_bigram)
 
 LAW = pytest.mark.law
 
@@ -27,11 +30,13 @@ LAW_CASES = {
 }
 
 
-def tree_law_pvalue(verify_tree, n, case, seed, T=0.9, device="cpu", wrong_mode=False):
-    """p-value of the first two emitted tokens against the target's joint law (chi-square).
+def tree_law_pvalue(verify_tree, n, case, seed, T=0.9, device="cpu", wrong_mode=False, tokens=2, plant=None):
+    """p-value of the first ``tokens`` emitted tokens against the target's joint law
+    (chi-square; tokens = 3 reaches the bonus after two accepted drafts of a depth-2 tree).
     wrong_mode: the draft's top candidates verified as if they were i.i.d. draws from its law
     (draft_probs passed): a biased walk. (The converse, i.i.d. draws verified as deterministic
-    candidates, is exact: any candidate set chosen independently of the test's uniforms is.)"""
+    candidates, is exact: any candidate set chosen independently of the test's uniforms is.)
+    plant(tree_batch) -> target logits [B, N, V]: a planted bug in the logits the op reads."""
     branching, sampled, filt, cands = LAW_CASES[case]
     V = 6
     target = table(V, len(branching), 1.3, seed)
@@ -40,10 +45,11 @@ def tree_law_pvalue(verify_tree, n, case, seed, T=0.9, device="cpu", wrong_mode=
                     candidates=cands)
     q = tb.draft_law if wrong_mode else tb.draft_probs
     q = None if q is None else q.to(device)
-    res = verify_tree(tb.logits.to(device), tb.ids.to(device), tb.parents, q, T, seed=seed, offset=3, **filt)
+    logits = tb.logits if plant is None else plant(tb)
+    res = verify_tree(logits.to(device), tb.ids.to(device), tb.parents, q, T, seed=seed, offset=3, **filt)
     assert bool(res.valid.all())
-    counts = first_two(res.tokens, res.num_accepted, target, T, seed + 3, **filt)
-    return chi_square_pvalue(counts, joint_law(target, T, **filt))
+    counts = first_tokens(res.tokens, res.num_accepted, target, T, seed + 3, tokens, **filt)
+    return chi_square_pvalue(counts, joint_law(target, T, tokens, **filt))
 
 
 @LAW
@@ -57,10 +63,70 @@ def test_emitted_tokens_follow_the_target_law(case):
 
 
 @LAW
+@pytest.mark.parametrize("case,T", [("sampled_3x2", 0.9), ("sampled_filtered", 1.3), ("topk_3x2", 0.6)])
+def test_depth_two_trees_follow_the_target_law_to_the_bonus(case, T):
+    """The first THREE emitted tokens of (3, 2) trees (216 cells; completed from the target
+    where a row stopped early) against P(t1) P(t2 | t1) P(t3 | t1 t2): the bonus drawn after
+    two accepted drafts, from the accepted leaf's logits, at two more temperatures."""
+    assert tree_law_pvalue(specdec_ext.verify_tree, draws(40_000), case, seed=17, T=T, tokens=3) > ALPHA
+
+
+def _bonus_from_the_parent(tb):
+    """A planted bug: each depth-2 node's logits replaced by its parent's, so the bonus after
+    two accepted drafts is drawn from the depth-1 law (the accept tests read the parents' rows,
+    so the first two tokens keep their law)."""
+    logits = tb.logits.clone()
+    parents = tb.parents.tolist()
+    for n in range(1, len(parents)):
+        if parents[n] > 0:
+            logits[:, n] = tb.logits[:, parents[n]]
+    return logits
+
+
+@LAW
 def test_the_tree_law_tests_have_power():
-    """At the same draw count the chi-square rejects a biased walk: the draft's top
-    candidates verified as i.i.d. draws from its law."""
-    assert tree_law_pvalue(specdec_ext.verify_tree, draws(40_000), "sampled_3x2", seed=11, wrong_mode=True) < ALPHA
+    """At the same draw count the chi-square rejects a biased walk (the draft's top
+    candidates verified as i.i.d. draws from its law), and the three-token law rejects a
+    bonus drawn from the wrong node's logits, which the two-token law cannot see."""
+    n = draws(40_000)
+    assert tree_law_pvalue(specdec_ext.verify_tree, n, "sampled_3x2", seed=11, wrong_mode=True) < ALPHA
+    assert tree_law_pvalue(specdec_ext.verify_tree, n, "sampled_3x2", seed=17, tokens=3,
+                           plant=_bonus_from_the_parent) < ALPHA
+
+
+# (V, T, branching, sampled children, filters): V over several 128-token tiles (tiled_bigram)
+TILED_CASES = {
+    "sampled_top_k_300": (300, 0.7, (2, 1), True, dict(top_k=20)),
+    "topk_top_p_300": (300, 1.3, (3, 2), False, dict(top_p=0.8)),
+    "topk_min_p_1000": (1000, 1.3, (3, 2), False, dict(min_p=0.1)),
+    "topk_all_1000": (1000, 0.7, (3, 2), False, dict(top_k=30, top_p=0.9, min_p=0.05)),
+}
+
+
+def tiled_tree_law_pvalue(verify_tree, n, case, seed, device="cpu"):
+    """p-value of the first two emitted tokens of trees over a tiled bigram target (chi-square
+    over V^2 cells, the filtered support a few hundred). Sampled children: i.i.d. from the
+    (unfiltered) draft's law, a tree per row; else one tree of the draft's top candidates
+    broadcast to every row (candidates the filters drop are rejected)."""
+    V, T, branching, sampled, filt = TILED_CASES[case]
+    target, draft = tiled_bigram(V, seed), tiled_bigram(V, seed + 1)
+    draft.logits = target.logits + 0.5 * draft.logits.sub(draft.logits.mean())  # a close draft
+    tb = draw_trees(target, draft, branching, n if sampled else 1, T_draft=T, sampled=sampled, seed=seed + 2)
+    logits, ids = tb.logits.expand(n, -1, -1), tb.ids.expand(n, -1)
+    q = None if tb.draft_probs is None else tb.draft_probs.to(device)
+    res = verify_tree(logits.to(device), ids.to(device), tb.parents, q, T, seed=seed, offset=5, **filt)
+    assert bool(res.valid.all())
+    assert res.num_accepted.float().mean().item() > 0.2  # the drafts are accepted often
+    counts = first_two(res.tokens, res.num_accepted, target, T, seed + 3, **filt)
+    return chi_square_pvalue(counts, joint_law(target, T, **filt))
+
+
+@LAW
+@pytest.mark.parametrize("case", list(TILED_CASES))
+def test_tiled_trees_follow_the_filtered_target_law(case):
+    """The filtered laws at V = 300 and 1000 (survivors in several tiles) and temperatures
+    0.7 and 1.3: sampled children at V = 300, the draft's top candidates at V = 1000."""
+    assert tiled_tree_law_pvalue(specdec_ext.verify_tree, draws(15_000, 5_000), case, seed=23) > ALPHA
 
 
 @LAW

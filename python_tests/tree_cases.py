@@ -1,10 +1,12 @@
-"""Random draft trees over a small vocabulary, for the verify_tree tests.
+"""Random draft trees, for the verify_tree tests.
 
 A "table model" gives the target's (and the draft's) logits after every prefix of up to
-``depth`` tokens, so the target's joint law of the next two tokens has a closed form:
-P(t1, t2) = p'(t1 | ()) * p'(t2 | (t1,)). A tree of shape ``branching`` (children per node at
-each depth, BFS numbering) is drawn per row: children i.i.d. from the draft's law q (sampled
-mode, ``draft_probs`` passed) or the draft's top candidates (deterministic mode)."""
+``depth`` tokens, so the target's joint law of the next n tokens has a closed form:
+P(t1, ..., tn) = p'(t1 | ()) p'(t2 | t1) ... (joint_law; first_tokens counts the emitted
+ones). A BigramModel's logits depend on the last token only, so its vocabulary can span
+several 128-token tiles. A tree of shape ``branching`` (children per node at each depth, BFS
+numbering) is drawn per row: children i.i.d. from the draft's law q (sampled mode,
+``draft_probs`` passed) or the draft's top candidates (deterministic mode)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,7 +15,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from stats_reference import filtered_softmax64
+from stats_reference import filtered_softmax64, tiled_logits
 
 
 def bfs_parents(branching: Sequence[int]) -> list:
@@ -59,8 +61,10 @@ class TableModel:
 
     def law(self, prefix: np.ndarray, T: float, **filt) -> np.ndarray:
         """p'(. | prefix) [..., V] float64 (filtered, temperature T)."""
-        rows = self.logits[torch.from_numpy(self.index(prefix).reshape(-1))]
-        return filtered_softmax64(rows, T, **filt).reshape(*prefix.shape[:-1], self.V)
+        # each distinct row once: a batch of trees revisits the same few rows
+        rows, inverse = np.unique(self.index(prefix).reshape(-1), return_inverse=True)
+        law = filtered_softmax64(self.logits[torch.from_numpy(rows)], T, **filt)
+        return law[inverse.reshape(-1)].reshape(*prefix.shape[:-1], self.V)
 
 
 def _table_rows(V: int, depth: int) -> int:
@@ -111,25 +115,61 @@ def draw_trees(target: TableModel, draft: TableModel, branching: Sequence[int], 
     return TreeBatch(logits.float(), torch.from_numpy(ids), torch.tensor(parents), law if sampled else None, law)
 
 
+def _prefix_laws(target: TableModel, T: float, d: int, **filt) -> np.ndarray:
+    """p'(. | x1..xd) [V^d, V] for every prefix of d tokens (row: the prefix raveled, x1 major)."""
+    V = target.V
+    prefixes = np.stack(np.unravel_index(np.arange(V ** d), (V,) * d), -1) if d else np.zeros((1, 0), np.int64)
+    return target.law(prefixes.astype(np.int64), T, **filt)
+
+
+def first_tokens(tokens: torch.Tensor, num_accepted: torch.Tensor, target: TableModel, T: float, seed: int,
+                 n: int = 2, **filt) -> np.ndarray:
+    """Counts [V] * n of the first ``n`` emitted tokens (tokens [B, >= n], num_accepted [B]);
+    where a row emitted fewer (num_accepted + 1 < n), the rest are drawn from the target's law
+    after the tokens so far (exactly, float64), completing the sequence. n = 3 on a depth-2
+    tree reaches the bonus token after two accepted drafts."""
+    V = target.V
+    t = tokens.cpu().numpy()[:, :n].copy()
+    emitted = num_accepted.cpu().numpy() + 1
+    rng = np.random.default_rng(seed)
+    for j in range(1, n):
+        short = emitted <= j
+        if short.any():
+            law = _prefix_laws(target, T, j, **filt)[np.ravel_multi_index(t[short, :j].T, (V,) * j)]
+            u = rng.random(short.sum())[:, None]
+            t[short, j] = np.minimum((np.cumsum(law, axis=1) < u).sum(1), V - 1)
+    assert (t >= 0).all()
+    return np.bincount(np.ravel_multi_index(t.T, (V,) * n), minlength=V ** n).reshape((V,) * n)
+
+
 def first_two(tokens: torch.Tensor, num_accepted: torch.Tensor, target: TableModel, T: float, seed: int,
               **filt) -> np.ndarray:
-    """Counts [V, V] of the first two emitted tokens; where a row emitted only one, the second is
-    drawn from the target's law after it (exactly, float64), completing the pair."""
-    V = target.V
-    t = tokens.cpu().numpy()
-    n = num_accepted.cpu().numpy()
-    second = t[:, 1].copy()
-    short = n == 0
-    if short.any():
-        law = target.law(t[short, :1], T, **filt)
-        u = np.random.default_rng(seed).random(short.sum())[:, None]
-        second[short] = np.minimum((np.cumsum(law, axis=1) < u).sum(1), V - 1)
-    return np.bincount(t[:, 0] * V + second, minlength=V * V).reshape(V, V)
+    """Counts [V, V] of the first two emitted tokens (first_tokens with n = 2)."""
+    return first_tokens(tokens, num_accepted, target, T, seed, 2, **filt)
 
 
-def joint_law(target: TableModel, T: float, **filt) -> np.ndarray:
-    """The target's P(t1, t2) [V, V]."""
+def joint_law(target: TableModel, T: float, n: int = 2, **filt) -> np.ndarray:
+    """The target's P(t1, ..., tn) [V] * n: the chain rule over the table's rows."""
     V = target.V
-    p1 = target.law(np.zeros((1, 0), dtype=np.int64), T, **filt)[0]
-    p2 = target.law(np.arange(V)[:, None], T, **filt)
-    return p1[:, None] * p2
+    joint = np.ones(1)
+    for d in range(n):
+        joint = (joint[:, None] * _prefix_laws(target, T, d, **filt)).reshape(-1)
+    return joint.reshape((V,) * n)
+
+
+@dataclass
+class BigramModel(TableModel):
+    """A table model whose logits after a prefix depend on its last token only (row
+    last + 1; row 0 the empty prefix): [V + 1, V] logits, so V can span several 128-token
+    tiles (a full table at V = 1000 and depth 2 would hold 10^9 rows)."""
+
+    def index(self, prefix: np.ndarray) -> np.ndarray:
+        if prefix.shape[-1] == 0:
+            return np.zeros(prefix.shape[:-1], dtype=np.int64)
+        return prefix[..., -1] + 1
+
+
+def tiled_bigram(V: int, seed: int) -> BigramModel:
+    """A BigramModel with stats_reference.tiled_logits rows: after every token the likely next
+    tokens are spread over every tile (the same token set, each row its own logits)."""
+    return BigramModel(tiled_logits(V + 1, V, seed), V)
