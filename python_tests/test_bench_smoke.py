@@ -9,6 +9,10 @@ import sys
 import pytest
 import torch
 
+import cli_runner
+from specdec_ext.bench import e2e as bench_e2e
+from specdec_ext.bench import verify as bench_verify
+from specdec_ext.bench import verify_tree as bench_verify_tree
 from specdec_ext.bench.__main__ import main as bench_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,21 +86,31 @@ def test_bench_distributed_smoke(tmp_path, capsys):
 
 
 def test_bench_kv_smoke(tmp_path, capsys):
+    """One (B, S) and one gather: every op with each of its implementations, once, printed."""
     path = str(tmp_path / "kv.json")
     assert not bench_main(["kv", "--device", "cpu", "--max-len", "64", "--context", "16", "--min-seconds", "0.001",
                            "--batch", "2", "--seq", "3", "--dtype", "bf16", "--json", path])
     rows = json.load(open(path))["rows"]
-    assert {r["op"] for r in rows} >= {"append", "gather"} or len(rows) >= 2
-    assert all(r["seconds"] > 0 for r in rows)
-    assert "GB/s" in capsys.readouterr().out
+    assert sorted((r["op"], r["impl"]) for r in rows) == sorted([
+        ("append", "kv_append_"), ("append", "torch indexing"), ("append", "copy_"),
+        ("paged_append", "paged_kv_append_"), ("paged_append", "torch index_copy_"),
+        ("gather", "paged_kv_gather"), ("gather", "paged_kv_gather_into_"), ("gather", "torch index_select"),
+        ("gather", "copy_")])
+    assert all(r["B"] == 2 and r["dtype"] == "bfloat16" and r["S"] == (16 if r["op"] == "gather" else 3)
+               for r in rows)
+    assert all(r["seconds"] > 0 and r["gbps"] > 0 for r in rows)
+    lines = capsys.readouterr().out.splitlines()
+    assert "GB/s" in lines[0] and len(lines) == 1 + len(rows)
 
 
 def test_bench_e2e_smoke(tmp_path, capsys):
+    """Every method's row, the pred(r) column, the tree lines, --plot's PNG, check_targets."""
     pytest.importorskip("transformers")
-    path = str(tmp_path / "e2e.json")
+    path, png = str(tmp_path / "e2e.json"), tmp_path / "e2e.png"
     assert bench_main(["e2e", "--device", "cpu", "--k", "2", "--batch", "1", "--temperature", "0",
                        "--max-new-tokens", "6", "--prompts", "1", "--no-progress", "--repeats", "2",
-                       "--json", path]) == 0
+                       "--json", path, "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
     rows = json.load(open(path))["rows"]
     methods = {r["method"] for r in rows}
     assert {"target-only", "engine", "engine adaptive", "engine ngram", "engine hybrid", "HF generate",
@@ -104,8 +118,11 @@ def test_bench_e2e_smoke(tmp_path, capsys):
     engine = [r for r in rows if r["method"] == "engine"][0]
     assert engine["tokens"] == 6 and engine["speedup"] > 0 and 0 <= engine["bookkeeping"] < 1
     assert engine["rounds"] == 2 and engine["target_ratio"] > 0 and engine["predicted_r"] > 0
-    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cpu ") and " engine " in line]
+    out = capsys.readouterr().out.splitlines()
+    printed = [line for line in out if line.startswith("cpu ") and " engine " in line]
     assert printed and printed[0].rstrip().endswith(f"{engine['predicted_r']:.2f}x")  # the pred(r) column
+    tree = [line for line in out if " vs chain K=3: " in line]  # the default --tree 4 2 2 against K = 3
+    assert len(tree) == 2 and all("(tree/chain x" in line and "tokens/s tree/chain x" in line for line in tree)
     assert "median of 2 round(s)" in _check_targets(path)
 
 
@@ -152,5 +169,101 @@ def test_bench_e2e_hf_model_rows(tmp_path):
     assert "HF-model" in _check_targets(path)
 
 
-def test_bench_unknown_command():
-    assert bench_main(["nope"]) == 2
+# ---------------------------------------------------------------- flags, through the fork runner
+TINY_VERIFY = ["-m", "specdec_ext.bench", "verify", "--device", "cpu", "--no-compile", "--quick",
+               "--B", "1", "--K", "2", "--V", "1000", "--dtype", "fp32"]
+
+
+def _after(lines, header):
+    """The lines after the first line equal to ``header``."""
+    return lines[lines.index(header) + 1:]
+
+
+def test_bench_verify_sample_cold_tree(tmp_path):
+    """--sample --cold --tree: verify and sample rows with their cold columns in one table,
+    then the verify_tree table; every JSON row in one of them."""
+    path = tmp_path / "v.json"
+    r = cli_runner.run([*TINY_VERIFY, "--sample", "--cold", "--tree", "--json", path], cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = json.load(open(path))["rows"]
+    assert [(x["op"], x["B"], x["V"]) for x in rows] == [("verify", 1, 1000), ("sample", 1, 1000),
+                                                        ("verify_tree", 1, 32000)]  # tree: its QUICK grid
+    assert all(x["fused_cold_s"] > 0 and x["torch_cold_s"] > 0 for x in rows[:2])
+    lines = r.stdout.splitlines()
+    chain = _after(lines, bench_verify.HEADER + bench_verify.COLD_HEADER)
+    assert chain[:2] == [bench_verify.LEGEND, bench_verify.COLD_LEGEND]
+    assert [line.split()[0] for line in chain[2:4]] == ["verify", "sample"]
+    assert chain[2].count("||") == 1 and chain[2].rstrip().endswith("x")  # the cold columns filled
+    tree = _after(lines, bench_verify_tree.HEADER)
+    assert tree == [bench_verify_tree.LEGEND, bench_verify_tree.format_row(rows[2])]
+    assert chain[4] == bench_verify_tree.HEADER  # the tree table follows the chain table
+
+
+def test_bench_verify_sample_only_tree_only(tmp_path):
+    """--sample-only --tree-only: no verify rows (no chain table for them), sample rows on the
+    --B / --V grid, the verify_tree table."""
+    path = tmp_path / "v.json"
+    r = cli_runner.run([*TINY_VERIFY, "--sample-only", "--tree-only", "--json", path], cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = json.load(open(path))["rows"]
+    assert [(x["op"], x["B"], x["V"]) for x in rows] == [("sample", 1, 1000), ("verify_tree", 1, 32000)]
+    lines = r.stdout.splitlines()
+    assert [line.split()[0] for line in _after(lines, bench_verify.HEADER)[1:3]] == ["sample", "op"]
+    assert _after(lines, bench_verify_tree.HEADER)[1:] == [bench_verify_tree.format_row(rows[1])]
+
+
+TINY_E2E = ["-m", "specdec_ext.bench", "e2e", "--device", "cpu", "--k", "1", "--batch", "1", "--temperature", "0",
+            "--max-new-tokens", "4", "--prompts", "1", "--no-progress", "--no-tree"]
+
+
+@pytest.mark.skipif(os.environ.get("SPECDEC_BENCH_COMPILE") != "1",
+                    reason="opt-in (SPECDEC_BENCH_COMPILE=1): freezing and compiling the bundled target's decode "
+                           "steps takes 35-50 s on 2 cores, more than the default suite can spend on one flag")
+def test_bench_e2e_compile(tmp_path):
+    """--compile adds the 'engine ngram compiled' row (the n-gram engine on compiled steps)."""
+    path = tmp_path / "e2e.json"
+    r = cli_runner.run([*TINY_E2E, "--compile", "--json", path], cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = {x["method"]: x for x in json.load(open(path))["rows"]}
+    compiled = rows["engine ngram compiled"]
+    assert compiled["tokens"] == 4 and compiled["speedup"] > 0 and compiled["k"] == "<=1"
+    printed = [line for line in r.stdout.splitlines() if " engine ngram compiled " in line]
+    assert printed == [bench_e2e.format_row(compiled)]
+
+
+# ---------------------------------------------------------------- nothing inside the tables
+NOISY = """
+import logging, os, sys, warnings
+os.dup2(1, 2)  # stderr into stdout's file: one stream, in time order, as on a terminal
+sys.stdout.reconfigure(line_buffering=True)
+from specdec_ext.bench import verify
+from specdec_ext.bench.__main__ import main
+make_inputs = verify.make_inputs
+
+def noisy_inputs(*a, **k):  # third-party noise while measuring, of the three kinds seen
+    warnings.warn("forced: this argument is deprecated", FutureWarning)
+    logging.getLogger("torch.utils.cpp_extension").warning("No CUDA runtime is found, using CUDA_HOME='/x'")
+    sys.stderr.write("Loading weights: 100%|##########| 56/56\\n")
+    return make_inputs(*a, **k)
+
+verify.make_inputs = noisy_inputs
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_bench_tables_come_after_third_party_noise(tmp_path):
+    """Warnings, log records and progress bars printed while measuring land before the
+    table in a stream holding stdout and stderr (a terminal): after its header come only
+    its legend and its rows; the warning and the log record are reported, once each."""
+    script = tmp_path / "noisy.py"
+    script.write_text(NOISY)
+    r = cli_runner.run([script, *TINY_VERIFY[2:], "--B", "1", "2"], cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout
+    lines = r.stdout.splitlines()
+    table = _after(lines, bench_verify.HEADER)
+    assert table[0] == bench_verify.LEGEND and len(table) == 3, r.stdout
+    assert all(line.startswith("verify cpu  fp32") for line in table[1:]), r.stdout
+    before = lines[:lines.index(bench_verify.HEADER)]
+    assert sum("FutureWarning: forced: this argument is deprecated" in line for line in before) == 1
+    assert sum("No CUDA runtime is found" in line for line in before) == 1
+    assert any(line.startswith("Loading weights") for line in before)

@@ -21,12 +21,15 @@ IDLE = dict(load_1min=0.5, cpu_count=2)
 
 
 # ---------------------------------------------------------------- the command listing
-@pytest.mark.parametrize("argv,rc,problem", [([], 2, "a command is required"), (["nope"], 2, "unknown command 'nope'"),
-                                             (["--help"], 0, None)])
+@pytest.mark.parametrize("argv,rc,problem", [([], 0, None), (["--help"], 0, None),
+                                             (["nope"], 2, "unknown command 'nope'")])
 def test_listing_names_every_command_and_what_it_compares(capsys, argv, rc, problem):
+    """No command and --help list the commands on stdout (exit 0); an unknown one is an
+    error with the same list on stderr (exit 2)."""
     assert bench_main(argv) == rc
     out, err = capsys.readouterr()
-    text = out if rc == 0 else err
+    text, other = (out, err) if rc == 0 else (err, out)
+    assert other == ""
     assert text.count("usage: python -m specdec_ext.bench") == 1
     for name, (_, what) in COMMANDS.items():
         assert f"  {name}  " in text and what in text, name
@@ -67,7 +70,9 @@ def test_bench_verify_records_the_load_and_labels_x(tmp_path, capsys, monkeypatc
     assert all("load_1min" in r and r["cpu_count"] == os.cpu_count() for r in data["rows"])
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("op "))
-    assert lines[header + 1] == bench_verify.LEGEND and "/ fused" in bench_verify.LEGEND
+    assert lines[header] == bench_verify.HEADER and lines[header + 1] == bench_verify.LEGEND
+    for ratio in ("torch/fused", "compile/fused", "fi/fused"):  # each ratio column says what it divides
+        assert ratio in bench_verify.HEADER and ratio in bench_verify.LEGEND
     assert ("warning: machine busy" in err) == (timing.busy_reason(timing.busiest(data["rows"])) is not None)
 
 

@@ -1,6 +1,7 @@
 """Microbenchmarks: python -m specdec_ext.bench COMMAND [options] (COMMAND --help for each).
 
-With no command, an unknown one, or -h / --help: the commands and what each compares."""
+With no command or -h / --help: the commands and what each compares (exit 0); an unknown
+command: an error and the same list on stderr (exit 2)."""
 import importlib
 import sys
 
@@ -35,12 +36,11 @@ def listing() -> str:
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
+    if not argv or argv[0] in ("-h", "--help"):
         print(listing())
         return 0
-    if not argv or argv[0] not in COMMANDS:
-        problem = "a command is required" if not argv else f"unknown command {argv[0]!r}"
-        print(f"python -m specdec_ext.bench: error: {problem}\n{listing()}", file=sys.stderr)
+    if argv[0] not in COMMANDS:
+        print(f"python -m specdec_ext.bench: error: unknown command {argv[0]!r}\n{listing()}", file=sys.stderr)
         return 2
     try:
         module = importlib.import_module(COMMANDS[argv[0]][0])

@@ -10,7 +10,8 @@ P ranks (gloo, one CPU thread each, spawned on this machine) each hold [B, K+1, 
 
 Columns: the median time per call on rank 0 (each rank makes the same fixed number of calls,
 so the collectives line up), the bytes each rank hands to the collectives per call, and the
-ratios gather / ours. On this CPU with gloo over loopback the wire is memory: on a real
+ratios gather / ours of each (``gather/ours`` after the times, ``bytes g/o`` after the bytes),
+printed when every row is measured. On this CPU with gloo over loopback the wire is memory: on a real
 interconnect the byte column is what scales. ``--backend nccl``: one GPU per rank (needs P
 GPUs), CUDA tensors and the CUDA kernels, times taken after a device synchronize.
 
@@ -30,13 +31,22 @@ from specdec_ext import distributed as sd
 from specdec_ext.distributed.launch import run_ranks
 
 from .._cli import OneLineParser, int_in, output_path
+from .report import measuring, print_table
 from .timing import machine_load, warn_if_busy, write_rows_json
 
 FULL = dict(B=[1, 8, 32], V=[32000, 128256])
 QUICK = dict(B=[1, 8], V=[32000])
 K_DRAFTS, T, REPS = 5, 0.8, 15
-HEADER = (f"{'P':>2}{'B':>5}{'V':>8}  {'ours ms':>9}  {'gather ms':>9}  {'x time':>7}  {'ours bytes':>11}  "
-          f"{'gather bytes':>12}  {'x bytes':>8}")
+HEADER = (f"{'P':>2}{'B':>5}{'V':>8}  {'ours ms':>9}  {'gather ms':>9}  {'gather/ours':>11}  {'ours bytes':>11}  "
+          f"{'gather bytes':>12}  {'bytes g/o':>9}")
+LEGEND = ("gather/ours = gather ms / ours ms (> 1: ours is faster); bytes g/o = gather bytes / ours bytes "
+          "(per rank and call)")
+
+
+def format_row(r: dict) -> str:
+    """One table line (HEADER's columns) of a rank_rows row."""
+    return (f"{r['P']:>2}{r['B']:>5}{r['V']:>8}  {r['fused_s'] * 1e3:>9.3f}  {r['gather_s'] * 1e3:>9.3f}  "
+            f"{r['speedup']:>10.2f}x  {r['bytes']:>11}  {r['gather_bytes']:>12}  {r['bytes_ratio']:>8.0f}x")
 
 
 def _median_seconds(fn, reps: int, sync) -> float:
@@ -103,13 +113,11 @@ def main(argv=None) -> int:
         print(f"--backend nccl needs --world >= 2 GPUs, one per rank; this machine has {gpus}", file=sys.stderr)
         return 2
     warn_if_busy(machine_load())
-    print(HEADER)
     device = "cuda" if args.backend == "nccl" else "cpu"
-    rows = run_ranks(rank_rows, args.world, QUICK if args.quick else FULL, args.reps, device, timeout_s=300,
-                     backend=args.backend)[0]
-    for r in rows:
-        print(f"{r['P']:>2}{r['B']:>5}{r['V']:>8}  {r['fused_s'] * 1e3:>9.3f}  {r['gather_s'] * 1e3:>9.3f}  "
-              f"{r['speedup']:>6.2f}x  {r['bytes']:>11}  {r['gather_bytes']:>12}  {r['bytes_ratio']:>7.0f}x")
+    with measuring():  # third-party warnings are held back until here, before the table
+        rows = run_ranks(rank_rows, args.world, QUICK if args.quick else FULL, args.reps, device, timeout_s=300,
+                         backend=args.backend)[0]
+    print_table(HEADER, [LEGEND], [format_row(r) for r in rows])
     if args.json:
         write_rows_json(args.json, rows)
     return 0

@@ -58,6 +58,7 @@ from .. import bundled
 from .._cli import OneLineParser, int_in, output_path, temperature
 from ..engine.adaptive_k import predicted_speedup
 from ..engine import SpeculativeEngine
+from .report import measuring, print_table, progress_bar
 from .timing import busiest, machine_load, warn_if_busy, write_rows_json
 
 PROMPTS = [
@@ -211,8 +212,8 @@ def tree_summary(block_rows, tree) -> List[str]:
         c = chain[0]
         lines.append(f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']} {_tree_label(tree)} vs "
                      f"chain K={len(tree)}: {r['tokens_per_step']:.2f} vs {c['tokens_per_step']:.2f} tokens per "
-                     f"target pass (x{r['tokens_per_step'] / c['tokens_per_step']:.2f}), "
-                     f"x{r['tok_s'] / c['tok_s']:.2f} tokens/s")
+                     f"target pass (tree/chain x{r['tokens_per_step'] / c['tokens_per_step']:.2f}), "
+                     f"tokens/s tree/chain x{r['tok_s'] / c['tok_s']:.2f}")
     return lines
 
 
@@ -305,7 +306,8 @@ def summarize(device, B, T, c: Config, runs, base_runs) -> Dict[str, Any]:
 
 def bench_device(device, args, rows, bar, done_block=lambda: None):
     """Every (batch, temperature) block on one device, appended to ``rows``; ``done_block()``
-    after each (the CLI saves the JSON there, so a run cut short keeps its finished blocks)."""
+    after each (the CLI saves the JSON there, so a run cut short keeps its finished blocks).
+    Prints nothing: main prints the table (:func:`table_lines`) once every block is measured."""
     target, draft = bundled.load_pair(device=device)
     tok = bundled.load_tokenizer()
     try:
@@ -330,31 +332,46 @@ def bench_device(device, args, rows, bar, done_block=lambda: None):
             results = timed_rounds(cfgs, args.repeats, bar)
             load = machine_load()  # the load the block was timed under (check_targets refuses busy runs)
             by_method = {c.method: runs for c, runs in zip(cfgs, results)}
-            first = len(rows)
             for c, runs in zip(cfgs, results):
                 rows.append(dict(summarize(device, B, T, c, runs, by_method[c.base]), **load))
-                print_row(rows[-1])
-            for line in tree_summary(rows[first:], args.tree or ()):
-                print(line)
             if hf_target is not None and B > 1:
                 rows.append(dict(device=device, batch=B, temperature=T, method="HF assisted", k="-",
                                  note="batch 1 only"))
-                print(f"{device:4} {B:>2} {T:>3} {'HF assisted':29} (transformers supports batch 1 only)")
             done_block()
 
 
 HEADER = (f"{'dev':4} {'B':>2} {'T':>3} {'method':29} {'K':>5} | {'tok/s':>8} {'alpha':>5} {'tok/step':>8} "
           f"{'bk%':>5} | "
           f"{'speedup':>7} {'c':>5} {'predicted':>9} | {'r':>5} {'pred(r)':>8}")
+LEGEND = ("base = the block's target-only row (for HF-model rows: HF-model target-only); speedup = tok/s / base "
+          "tok/s; c = draft s per draft token / base s per token (t); predicted = Leviathan's speedup for alpha "
+          "and c; r = target s per step / base target s per step; pred(r) = predicted with r's extra target time; "
+          "bk% = 100 x bookkeeping s / step s; ratios: medians over rounds of per-round ratios")
 
 
-def print_row(r):
+def format_row(r) -> str:
+    """One table line (HEADER's columns) of a row of bench_device; a ``note`` row (no
+    measurement, e.g. HF assisted at B > 1) says its note."""
+    if "note" in r:
+        return f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']:29} {str(r['k']):>5} | ({r['note']})"
     f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     bk = None if r.get("bookkeeping") is None else 100 * r["bookkeeping"]
-    print(f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']:29} {str(r['k']):>5} | "
-          f"{r['tok_s']:>8.1f} {f(r['alpha'], '.2f'):>5} {f(r['tokens_per_step'], '.2f'):>8} {f(bk, '.1f'):>5} | "
-          f"{r['speedup']:>6.2f}x {f(r['cost_ratio'], '.2f'):>5} {f(r['predicted'], '.2f'):>8}x | "
-          f"{f(r.get('target_ratio'), '.2f'):>5} {f(r.get('predicted_r'), '.2f'):>7}x", flush=True)
+    return (f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']:29} {str(r['k']):>5} | "
+            f"{r['tok_s']:>8.1f} {f(r['alpha'], '.2f'):>5} {f(r['tokens_per_step'], '.2f'):>8} {f(bk, '.1f'):>5} | "
+            f"{r['speedup']:>6.2f}x {f(r['cost_ratio'], '.2f'):>5} {f(r['predicted'], '.2f'):>8}x | "
+            f"{f(r.get('target_ratio'), '.2f'):>5} {f(r.get('predicted_r'), '.2f'):>7}x")
+
+
+def table_lines(rows, tree) -> List[str]:
+    """The table's row lines, each (device, batch, temperature) block followed by its
+    tree-vs-chain lines (:func:`tree_summary`, with ``tree`` the branching or None)."""
+    lines: List[str] = []
+    blocks = dict.fromkeys((r["device"], r["batch"], r["temperature"]) for r in rows)  # in measured order
+    for key in blocks:
+        block = [r for r in rows if (r["device"], r["batch"], r["temperature"]) == key]
+        lines += [format_row(r) for r in block]
+        lines += tree_summary([r for r in block if "note" not in r], tree or ())
+    return lines
 
 
 def plot(rows, path):
@@ -415,24 +432,21 @@ def main(argv):
     if "cuda" in devices and not torch.cuda.is_available():
         print("cuda: no GPU: skipped", file=sys.stderr)
         devices.remove("cuda")
-    try:
-        from tqdm import tqdm
-        bar = tqdm(total=0, unit="run", file=sys.stderr, disable=args.no_progress, leave=False)  # grows per block
-    except ImportError:
-        bar = type("NoBar", (), {"update": lambda self, n: None, "close": lambda self: None, "total": 0})()
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, max_new_tokens {args.max_new_tokens}")
-    print(HEADER)
+    bar = progress_bar(args.no_progress, unit="run")  # its total grows per block
     rows = []
 
     def save():  # whole or not at all: a run killed while saving keeps the previous file
         if args.json:
             write_rows_json(args.json, rows)
 
-    for d in devices:
-        bench_device(d, args, rows, bar, save)
-    bar.close()
+    with measuring():  # weight-loading bars, transformers' and Inductor's notices: held back until here
+        for d in devices:
+            bench_device(d, args, rows, bar, save)
+        bar.close()
+        if args.plot:  # before the table too (matplotlib may log, e.g. building its font cache)
+            plot(rows, args.plot)
     save()
     warn_if_busy(busiest(rows))  # one line on stderr when a block was timed with more load than cores
-    if args.plot:
-        plot(rows, args.plot)
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, max_new_tokens {args.max_new_tokens}")
+    print_table(HEADER, [LEGEND], table_lines(rows, args.tree))
     return 0

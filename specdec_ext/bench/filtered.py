@@ -15,7 +15,8 @@ Rows (per device, B, V; temperature 0.8, top_k 50, top_p 0.9):
   the same pass); the JSON also holds the processed law's time (``fused_processed_s``), whose
   logprobs need no new sum.
 
-The x columns divide the PyTorch (or sample / verify) time by ours: above 1 means ours is faster.
+The ratio columns (``torch/ours``, ``sample/ours``, ``verify/ours``) divide that time by ours:
+above 1 means ours is faster. The table is printed when every row is measured.
 
     python -m specdec_ext.bench filtered [--quick] [--device cpu|cuda|all] [--json PATH]
 """
@@ -28,6 +29,7 @@ import torch
 import specdec_ext
 
 from .._cli import OneLineParser, output_path
+from .report import measuring, print_table
 from .timing import machine_load, time_call, warn_if_busy, write_rows_json
 from .verify import torch_filter
 
@@ -35,10 +37,11 @@ FULL = dict(B=[1, 8, 32], V=[32000, 128256])
 QUICK = dict(B=[1, 8], V=[32000])
 T, TOP_K, TOP_P, N_TOP = 0.8, 50, 0.9, 5
 K_DRAFTS = 5
-HEADER = f"{'op':<16}{'device':<7}{'B':>4}{'V':>8}  {'ours ms':>9}  {'torch ms':>9}  {'x torch':>7}  {'x sample':>8}"
-LEGEND = ("x torch = plain PyTorch time / ours; x sample = sample(..., probs_out=) time / filtered_probs "
-          "(the draw a probabilities-only caller no longer pays); for verify+logprobs: x torch = (verify + "
-          "log_softmax + gather) / verify(logprobs=0), and the last column = plain verify / verify(logprobs=0)")
+HEADER = (f"{'op':<16}{'device':<7}{'B':>4}{'V':>8}  {'ours ms':>9}  {'torch ms':>9}  {'torch/ours':>10}  "
+          f"{'sample/ours':>11}  {'verify/ours':>11}")
+LEGEND = ("torch/ours = plain PyTorch time / ours (for verify+logprobs: verify + log_softmax + gather); "
+          "sample/ours = sample(..., probs_out=) time / filtered_probs (the draw a probabilities-only caller "
+          "no longer pays); verify/ours = plain verify / verify(logprobs=0) (the logprobs' price)")
 
 
 def torch_filtered_probs(logits: torch.Tensor) -> torch.Tensor:
@@ -55,7 +58,17 @@ def torch_logprobs(logits: torch.Tensor, tokens: torch.Tensor):
     return tok_lp, rank, top.indices, top.values
 
 
-def bench_rows(devices: Sequence[str], grid: Dict[str, list], print_row=print) -> List[dict]:
+def format_row(row: dict) -> str:
+    """One table line (HEADER's columns) of a bench_rows row; '-' where a ratio does not apply."""
+    def ratio(key):
+        return f"{row[key]:>10.2f}x" if key in row else f"{'-':>11}"
+    return (f"{row['op']:<16}{row['device']:<7}{row['B']:>4}{row['V']:>8}  {row['fused_s'] * 1e3:>9.3f}  "
+            f"{row['torch_s'] * 1e3:>9.3f}  {row['speedup']:>9.1f}x  {ratio('vs_sample')}  {ratio('vs_verify')}")
+
+
+def bench_rows(devices: Sequence[str], grid: Dict[str, list], on_row=lambda: None) -> List[dict]:
+    """Every row (dicts: the JSON rows) over the devices and grid; ``on_row()`` after each.
+    Prints nothing: main prints the table."""
     rows = []
     for device in devices:
         for V in grid["V"]:
@@ -77,8 +90,7 @@ def bench_rows(devices: Sequence[str], grid: Dict[str, list], print_row=print) -
                            torch_s=t_torch, speedup=t_torch / t_ours, vs_sample=t_sample / t_ours)
                 row.update(machine_load())
                 rows.append(row)
-                print_row(f"{'filtered_probs':<16}{device:<7}{B:>4}{V:>8}  {t_ours * 1e3:>9.3f}  {t_torch * 1e3:>9.3f}"
-                          f"  {row['speedup']:>6.1f}x  {row['vs_sample']:>7.2f}x")
+                on_row()
                 x3, tok2 = logits.unsqueeze(1), tokens.view(B, 1)
                 one = torch.tensor(1.0)
 
@@ -90,13 +102,13 @@ def bench_rows(devices: Sequence[str], grid: Dict[str, list], print_row=print) -
                 row = dict(op="logprobs", device=device, B=B, V=V, fused_s=t_lp, torch_s=t_tlp, speedup=t_tlp / t_lp)
                 row.update(machine_load())
                 rows.append(row)
-                print_row(f"{'logprobs':<16}{device:<7}{B:>4}{V:>8}  {t_lp * 1e3:>9.3f}  {t_tlp * 1e3:>9.3f}"
-                          f"  {row['speedup']:>6.1f}x  {'':>8}")
-                rows.append(verify_logprobs_row(device, B, V, print_row))
+                on_row()
+                rows.append(verify_logprobs_row(device, B, V))
+                on_row()
     return rows
 
 
-def verify_logprobs_row(device: str, B: int, V: int, print_row=print) -> dict:
+def verify_logprobs_row(device: str, B: int, V: int) -> dict:
     """verify(..., logprobs=0) against plain verify, and against plain verify + PyTorch's pass."""
     g = torch.Generator().manual_seed(B * 7 + V)
     logits = (torch.randn(B, K_DRAFTS + 1, V, generator=g) * 3).to(device)
@@ -123,8 +135,6 @@ def verify_logprobs_row(device: str, B: int, V: int, print_row=print) -> dict:
                vs_verify_processed=t_plain / t_proc,
                alpha=float(ours()[0].num_accepted.float().mean()) / K_DRAFTS)
     row.update(machine_load())
-    print_row(f"{'verify+logprobs':<16}{device:<7}{B:>4}{V:>8}  {t_ours * 1e3:>9.3f}  {t_torch * 1e3:>9.3f}"
-              f"  {row['speedup']:>6.1f}x  {row['vs_verify']:>7.2f}x")
     return row
 
 
@@ -142,11 +152,11 @@ def main(argv=None) -> int:
         return 2
     devices = {"cpu": ["cpu"], "cuda": ["cuda"], "all": ["cpu"] + (["cuda"] if cuda else [])}[args.device]
     warn_if_busy(machine_load())
-    print(HEADER)
-    print(LEGEND)
-    rows = bench_rows(devices, QUICK if args.quick else FULL)
+    with measuring():  # third-party warnings are held back until here, before the table
+        rows = bench_rows(devices, QUICK if args.quick else FULL)
     if args.json:
         write_rows_json(args.json, rows)
+    print_table(HEADER, [LEGEND], [format_row(r) for r in rows])
     return 0
 
 

@@ -27,6 +27,7 @@ import torch
 import specdec_ext  # noqa: F401  (registers torch.ops.specdec.*)
 
 from .._cli import OneLineParser, float_in, int_in, output_path
+from .report import measuring, print_table
 from .timing import busiest, machine_load, time_call, warn_if_busy
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -141,11 +142,13 @@ def _stamped(rows: List[Dict]) -> List[Dict]:
     return [dict(r, **load) for r in rows]
 
 
-def print_table(rows: List[Dict]) -> None:
-    print(f"{'device':6} {'op':12} {'dtype':8} {'B':>3} {'S|ctx':>5}  {'impl':22} {'us':>9} {'GB/s':>8}")
-    for r in rows:
-        print(f"{r['device']:6} {r['op']:12} {r['dtype']:8} {r['B']:>3} {r['S']:>5}  {r['impl']:22} "
-              f"{r['seconds'] * 1e6:9.1f} {r['gbps']:8.2f}")
+HEADER = f"{'device':6} {'op':12} {'dtype':8} {'B':>3} {'S|ctx':>5}  {'impl':22} {'us':>9} {'GB/s':>8}"
+
+
+def format_row(r: Dict) -> str:
+    """One table line (HEADER's columns); no ratio columns: compare the impl rows of an op."""
+    return (f"{r['device']:6} {r['op']:12} {r['dtype']:8} {r['B']:>3} {r['S']:>5}  {r['impl']:22} "
+            f"{r['seconds'] * 1e6:9.1f} {r['gbps']:8.2f}")
 
 
 def main(argv: List[str]) -> None:
@@ -172,10 +175,11 @@ def main(argv: List[str]) -> None:
         p.error(f"--seq values must be at most --max-len {args.max_len}, got {args.seq}")
     devices = {"cpu": ["cpu"], "cuda": ["cuda"],
                "all": ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])}[args.device]
-    rows = run(devices, args.max_len, args.context, args.min_seconds, args.batch, args.seq, args.dtype)
-    print_table(rows)
+    with measuring():  # third-party warnings are held back until here, before the table
+        rows = run(devices, args.max_len, args.context, args.min_seconds, args.batch, args.seq, args.dtype)
+    warn_if_busy(busiest(rows))  # before the table: nothing after it
+    print_table(HEADER, [], [format_row(r) for r in rows])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(benchmark="kv", H=H, D=D, max_len=args.max_len, context=args.context,
                            machine=machine_load(), rows=rows), f, indent=1)
-    warn_if_busy(busiest(rows))

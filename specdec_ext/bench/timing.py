@@ -88,7 +88,7 @@ def time_graph(fn, calls: int = 20, reps: int = 5):
         del g
         return statistics.median(times)
     except Exception as e:  # not capturable (a host sync, an RNG without graph support): report, no column
-        print(f"  graph timing skipped: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+        print(f"  graph timing skipped: {type(e).__name__}: {str(e).splitlines()[0][:120]}", file=sys.stderr)
         torch.cuda.synchronize()
         return None
 

@@ -13,13 +13,15 @@ Columns: `fused` is the eager time per call (CUDA events around one call, launch
 overhead included); on CUDA `graph` is the device time per call by CUDA-graph replay of
 20 calls; `%floor` is the HBM floor (the minimal bytes, logits read once + the q rows, at
 the measured copy bandwidth; on CPU at the measured memcpy bandwidth) over the fused time
-(graph time on CUDA); each `x` is the time of the column to its left (torch, compile,
-flashinfer) over the fused time, i.e. how many times faster the fused op is. Every row
+(graph time on CUDA); `torch/fused`, `compile/fused` and `fi/fused` are the time of the
+column to their left (torch, compile, flashinfer) over the fused time, i.e. how many times
+faster the fused op is. The table is printed when every row is measured. Every row
 records the 1-minute load average and core count (`load_1min`, `cpu_count`; a warning when
 the load exceeded the cores). `--cold` adds cold-cache figures: before every timed call a buffer
 bigger than the last-level cache (64 MiB on CPU, 256 MiB on a GPU) is streamed through the
 caches, as when the op is interleaved with other work; both warm and cold are reported.
-`--sample` adds rows of the sample op (B in {1, 64}, V = 128256) against softmax +
+`--sample` adds rows of the sample op (B in {1, 64}, V = 128256; `--B` / `--V` replace
+them) against softmax +
 multinomial in PyTorch (eager and compiled) and FlashInfer's sampling_from_logits.
 `--filters` adds verify rows with top-p 0.9 and with top-k 50 (B in {1, 8, 64}, K = 5,
 V = 128256; op column `v:p.9` / `v:k50`), against a vLLM-style sort-based filter in plain
@@ -37,6 +39,7 @@ import specdec_ext
 
 from .._cli import OneLineParser, int_in, output_path
 from . import verify_tree
+from .report import measuring, print_table
 from .timing import (busiest, cache_flusher, copy_bandwidth, machine_load, time_call, time_graph, warn_if_busy,
                      write_rows_json)
 
@@ -218,6 +221,8 @@ def verify_row(device, dt, B, K, V, filt, baseline, compiled, peak, cold, flush)
 
 def bench_device(device, grid, with_compile, rows, on_row=lambda: None, cold=False, sample_grid=None,
                  filter_grid=None):
+    """Every verify (and sample, filtered verify) row of one device, appended to ``rows``
+    (dicts: the JSON rows); ``on_row()`` after each. Prints nothing: main prints the table."""
     compiled = torch.compile(torch_verify, dynamic=True) if with_compile else None
     compiled_sample = torch.compile(torch_sample, dynamic=True) if with_compile and sample_grid else None
     # the floor's bandwidth: device copy on a GPU (1 GiB), memcpy on the CPU (256 MiB: cheap)
@@ -227,7 +232,6 @@ def bench_device(device, grid, with_compile, rows, on_row=lambda: None, cold=Fal
     def add(row):
         row.update(machine_load())  # the load while it was timed (check_targets refuses busy rows)
         rows.append(row)
-        print_row(row, cold)
         on_row()
 
     for dt in grid["dtype"]:
@@ -260,17 +264,21 @@ def bench_device(device, grid, with_compile, rows, on_row=lambda: None, cold=Fal
 
 
 HEADER = (f"{'op':6} {'dev':4} {'dtype':5} {'B':>3} {'K':>2} {'V':>6} {'alpha':>5} | {'fused':>9} {'graph':>9} "
-          f"{'GB/s':>7} {'%floor':>6} | {'torch':>9} {'x':>6} | {'compile':>9} {'x':>6} | {'flashinfer':>10} {'x':>6}")
-COLD_HEADER = f" || {'cold:fused':>10} {'%floor':>6} {'torch':>9} {'x':>6}"
-LEGEND = ("x = the column to its left / fused (eager) time: how many times faster the fused op is "
-          "(> 1: fused wins); cold x = cold torch / cold fused")
+          f"{'GB/s':>7} {'%floor':>6} | {'torch':>9} {'torch/fused':>11} | {'compile':>9} {'compile/fused':>13} | "
+          f"{'flashinfer':>10} {'fi/fused':>8}")
+COLD_HEADER = f" || {'cold fused':>10} {'%floor':>6} {'cold torch':>10} {'torch/fused':>11}"
+LEGEND = ("torch/fused, compile/fused, fi/fused = that column's time / the fused (eager) time: how many times "
+          "faster the fused op is (> 1: fused wins); %floor = 100 x the HBM-floor time / the fused time "
+          "(graph time on CUDA)")
+COLD_LEGEND = "cold: the same with a cache flush before every call; its torch/fused = cold torch / cold fused"
 
 
 def fmt_t(t):
     return "-" if t is None else (f"{t * 1e6:.1f}us" if t < 1e-3 else f"{t * 1e3:.2f}ms")
 
 
-def print_row(r, cold=False):
+def format_row(r, cold=False) -> str:
+    """One table line of a row dict (HEADER's columns; COLD_HEADER's too with ``cold``)."""
     def sp(t, ref="fused_s"):
         return "-" if t is None else f"{t / r[ref]:.1f}x"
 
@@ -279,13 +287,13 @@ def print_row(r, cold=False):
     line = (f"{r.get('op', 'verify'):6} {r['device']:4} {r['dtype']:5} {r['B']:>3} {r['K'] if r['K'] is not None else '-':>2} "
             f"{r['V']:>6} {'-' if r['accept_rate'] is None else format(r['accept_rate'], '.2f'):>5} | "
             f"{fmt_t(r['fused_s']):>9} {fmt_t(r.get('fused_graph_s')):>9} {r['fused_gbps']:>7.1f} "
-            f"{pct(r.get('pct_floor')):>6} | {fmt_t(r['torch_s']):>9} {sp(r['torch_s']):>6} | "
-            f"{fmt_t(r['compile_s']):>9} {sp(r['compile_s']):>6} | {fmt_t(r['flashinfer_s']):>10} "
-            f"{sp(r['flashinfer_s']):>6}")
+            f"{pct(r.get('pct_floor')):>6} | {fmt_t(r['torch_s']):>9} {sp(r['torch_s']):>11} | "
+            f"{fmt_t(r['compile_s']):>9} {sp(r['compile_s']):>13} | {fmt_t(r['flashinfer_s']):>10} "
+            f"{sp(r['flashinfer_s']):>8}")
     if cold:
         line += (f" || {fmt_t(r.get('fused_cold_s')):>10} {pct(r.get('pct_floor_cold')):>6} "
-                 f"{fmt_t(r.get('torch_cold_s')):>9} {sp(r.get('torch_cold_s'), 'fused_cold_s'):>6}")
-    print(line, flush=True)
+                 f"{fmt_t(r.get('torch_cold_s')):>10} {sp(r.get('torch_cold_s'), 'fused_cold_s'):>11}")
+    return line
 
 
 def main(argv):
@@ -317,29 +325,36 @@ def main(argv):
         print("cuda: no GPU or no CUDA kernels in this build: skipped", file=sys.stderr)
         devices.remove("cuda")
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, specdec_ext {specdec_ext.__version__}, threads {torch.get_num_threads()}")
-    print(HEADER + (COLD_HEADER if args.cold else ""))
-    print(LEGEND)
     filter_grid = dict(FILTERED, **{k: getattr(args, k) for k in ("B", "K", "V") if getattr(args, k)})
     if args.sample_only or args.filters_only or args.tree_only:
         grid["B"] = []
-    sample_grid = SAMPLE if (args.sample or args.sample_only) else None
-    rows = []
+    sample_grid = (dict(SAMPLE, **{k: getattr(args, k) for k in ("B", "V") if getattr(args, k)})
+                   if (args.sample or args.sample_only) else None)
+    rows, tree_rows = [], []
 
-    def save():
-        # rewritten after every row, so a run cut short by a time limit keeps what it measured
+    def write():
         if args.json:
             write_rows_json(args.json, rows, gpu=torch.cuda.get_device_name() if "cuda" in devices else None)
 
-    for d in devices:
-        bench_device(d, grid, not args.no_compile, rows, on_row=save, cold=args.cold, sample_grid=sample_grid,
-                     filter_grid=filter_grid if (args.filters or args.filters_only) else None)
-    if args.tree or args.tree_only:
-        print(verify_tree.HEADER)
-        print(verify_tree.LEGEND)
-        for row in verify_tree.bench_rows(devices, verify_tree.QUICK if args.quick else verify_tree.FULL):
-            rows.append(dict(row, **machine_load()))
-            save()
-    save()
+    def save():
+        write()  # rewritten after every row, so a run cut short by a time limit keeps what it measured
+
+    with measuring():  # third-party warnings are held back until here, before the tables
+        for d in devices:
+            bench_device(d, grid, not args.no_compile, rows, on_row=save, cold=args.cold, sample_grid=sample_grid,
+                         filter_grid=filter_grid if (args.filters or args.filters_only) else None)
+        if args.tree or args.tree_only:
+            for row in verify_tree.bench_rows(devices, verify_tree.QUICK if args.quick else verify_tree.FULL):
+                tree_rows.append(dict(row, **machine_load()))
+                rows.append(tree_rows[-1])
+                save()
+    write()
     warn_if_busy(busiest(rows))  # one line on stderr when any row was timed with more load than cores
+    print(f"torch {torch.__version__}, specdec_ext {specdec_ext.__version__}, threads {torch.get_num_threads()}")
+    chain = [r for r in rows if r["op"] != "verify_tree"]
+    if chain or not tree_rows:
+        print_table(HEADER + (COLD_HEADER if args.cold else ""), [LEGEND] + ([COLD_LEGEND] if args.cold else []),
+                    [format_row(r, args.cold) for r in chain])
+    if tree_rows:
+        print_table(verify_tree.HEADER, [verify_tree.LEGEND], [verify_tree.format_row(r) for r in tree_rows])
     return 0

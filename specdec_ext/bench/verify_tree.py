@@ -3,7 +3,7 @@ PyTorch (:func:`specdec_ext.bench.tree_baseline.verify_tree_torch`), at N tree n
 V tokens, with the draft law of every node (sampled children, the exact mode).
 
 ``python -m specdec_ext.bench verify --tree-only`` (or ``--tree`` with the chain rows) runs the
-grid; ``x`` is torch / fused (the median time of the plain-PyTorch walk over ours, same inputs,
+grid; ``torch/fused`` is the median time of the plain-PyTorch walk over ours (same inputs,
 same device, measured in one run)."""
 from __future__ import annotations
 
@@ -16,14 +16,15 @@ import specdec_ext
 from .timing import time_call
 from .tree_baseline import verify_tree_torch
 
-__all__ = ["FULL", "QUICK", "bfs_tree", "bench_rows"]
+__all__ = ["FULL", "QUICK", "bfs_tree", "bench_rows", "format_row"]
 
 #: the grid of the issue: N nodes, B rows, V = Llama-3's vocabulary
 FULL = dict(N=[8, 32, 64], B=[1, 8], V=[128256])
 QUICK = dict(N=[8], B=[1], V=[32000])
 
-HEADER = f"{'op':<12}{'device':<7}{'B':>4}{'N':>5}{'D':>3}{'V':>8}  {'fused ms':>9}  {'torch ms':>9}  {'x':>7}"
-LEGEND = "x = torch ms / fused ms (the plain-PyTorch tree walk's median time over the fused op's)"
+HEADER = (f"{'op':<12}{'device':<7}{'B':>4}{'N':>5}{'D':>3}{'V':>8}  {'fused ms':>9}  {'torch ms':>9}  "
+          f"{'torch/fused':>11}")
+LEGEND = "torch/fused = torch ms / fused ms (the plain-PyTorch tree walk's median time over the fused op's)"
 
 
 def bfs_tree(N: int, branching: Sequence[int] = (4, 2, 2, 2, 2, 2, 2, 2)) -> List[int]:
@@ -55,8 +56,15 @@ def _inputs(B: int, N: int, V: int, device: str, seed: int = 0):
     return [t.to(device) for t in (logits, ids, q)] + [parents]
 
 
-def bench_rows(devices: Sequence[str], grid: Dict[str, list], print_row=print) -> List[dict]:
-    """Times both implementations over the grid; returns one dict per (device, B, N, V)."""
+def format_row(row: dict) -> str:
+    """One table line (HEADER's columns) of a bench_rows row."""
+    return (f"{'verify_tree':<12}{row['device']:<7}{row['B']:>4}{row['N']:>5}{row['depth']:>3}{row['V']:>8}  "
+            f"{row['fused_s'] * 1e3:>9.3f}  {row['torch_s'] * 1e3:>9.3f}  {row['speedup']:>10.1f}x")
+
+
+def bench_rows(devices: Sequence[str], grid: Dict[str, list]) -> List[dict]:
+    """Times both implementations over the grid; returns one dict per (device, B, N, V)
+    (printed by the caller, with format_row, once every row is measured)."""
     rows = []
     for device in devices:
         for V in grid["V"]:
@@ -76,6 +84,4 @@ def bench_rows(devices: Sequence[str], grid: Dict[str, list], print_row=print) -
                     row = dict(op="verify_tree", device=device, B=B, N=N, depth=depth, V=V, fused_s=t_fused,
                                torch_s=t_torch, speedup=t_torch / t_fused)
                     rows.append(row)
-                    print_row(f"{'verify_tree':<12}{device:<7}{B:>4}{N:>5}{depth:>3}{V:>8}  {t_fused * 1e3:>9.3f}  "
-                              f"{t_torch * 1e3:>9.3f}  {row['speedup']:>6.1f}x")
     return rows
