@@ -231,7 +231,7 @@ def test_stages_with_filters_give_sample_tokens():
 def test_filtered_law_on_unaligned_shards():
     """sample with top-k + top-p + min-p on shards cut inside tiles: the filtered law p'
     (by sorting, stats_reference) at ALPHA, and a wrong law rejected."""
-    V, N = 300, draws(20000, 8000)
+    V, N = 300, draws(20000, 20000)
     g = torch.Generator().manual_seed(31)
     row = torch.randn(1, 1, V, generator=g) * 0.7
     row[..., 30:70] += 1.0  # mass on both sides of the cuts at 50 and 133
@@ -277,7 +277,7 @@ def test_fuzz_aligned_shards_match_verify(data):
 def test_unaligned_shards_follow_the_law():
     """Shards cut inside race tiles: the emitted (num_accepted, token) of exact verify and the
     draw of sample follow the exact law (chi-square at ALPHA), and a wrong law is rejected."""
-    V, K, N = 300, 2, draws(20000, 8000)
+    V, K, N = 300, 2, draws(20000, 20000)
     bounds = [0, 50, 133, 300]  # three parts inside tiles 0 and 1
     g = torch.Generator().manual_seed(21)
     row = torch.randn(1, K + 1, V, generator=g) * 1.5
