@@ -23,8 +23,9 @@ What the soak asserts:
 - a second soak with the same seed, on the same (now used) wrappers, gives the same tokens
   (the short soak replays the schedule's first half, the long one all of it).
 
-The default suite runs a short soak (:data:`STEPS` steps, ~15 s); ``SPECDEC_SOAK_STEPS=10000``
-(scripts/long_check.sh) runs the long one.
+The default suite runs a short soak (:data:`STEPS` = 800 steps, then 400 replayed; measured
+10 s, SPECDEC_QUICK=1: 300 + 150 steps, 7 s); ``SPECDEC_SOAK_STEPS=10000``
+(scripts/long_check.sh) runs the long one (10,000 + 10,000 replayed: 2m08s).
 
 The test drives the engine's own step loop (``_start`` / ``_step``, what ``generate`` runs)
 so that it can look at the caches in the middle of a sequence.
@@ -56,16 +57,16 @@ CHECK_EVERY = 500 if STEPS >= 5000 else 50
 #: keys / values of the engine's caches vs a fresh prefill, float32 both, the same kernels
 #: (kv_append_ / paged_kv_append_ only move bytes): they differ by the rounding of the
 #: projections and attention computed over other shapes (batched ragged rows, S tokens per
-#: forward, masks) than the prefill's. Measured max |diff| (CPU, 2026-12-03): 1.3e-7 in the
-#: short soak, 1.5e-7 over the 10,000-step one (a few float32 ulps of entries of magnitude
-#: ~1); 1e-6 leaves ~7x room and still catches any wrong entry (a wrong token or position
-#: moves an entry by ~1e-1).
+#: forward, masks) than the prefill's. Measured max |diff| (CPU, 2026-12-03): 1.2e-7 in the
+#: short soak, 1.8e-7 over the 10,000-step one (a few float32 ulps of entries of magnitude
+#: ~1); 1e-6 leaves ~5x room and still catches any wrong entry (planted: a compaction off by
+#: one entry moves entries by ~0.4).
 CACHE_ATOL = 1e-6
 #: resident memory (RSS) may grow at most this much after warm-up. Measured growth after
-#: warm-up (2026-12-03): 0.08 MiB in the short soak, 0.54 MiB over the 10,000-step one (the
+#: warm-up (2026-12-03): 0.33 MiB in the short soak, 0.52 MiB over the 10,000-step one (the
 #: allocator's pools for the different cache shapes); a leak of one step's logits per step
-#: (~1-4 KiB) exceeds it within the long soak, of one paged cache per sequence (~50 KiB)
-#: within ~160 sequences.
+#: (~1-4 KiB) exceeds it within the long soak (planted at 16 copies per step, ~30 KiB: the
+#: short soak saw 13 MiB), of one paged cache per sequence (~50 KiB) within ~160 sequences.
 RSS_TOLERANCE = 8 * 2**20
 #: steps before the RSS baseline is taken (the caches of every shape allocated once, lazy
 #: initialisation, Python's caches)

@@ -24,6 +24,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# --long: the long profile instead (scripts/long_check.sh: the 10,000-step engine soak, the
+# Python planted-bug check scripts/py_mutations.py, the op fuzzing's long hypothesis profile),
+# on the set-up .venv (scripts/setup.sh first when there is none); arguments after --long
+# name its steps (soak, mutations, fuzz). Neither the default run nor --quick includes it.
+if [ "${1:-}" = "--long" ]; then
+  shift
+  [ -x .venv/bin/python ] || bash scripts/setup.sh
+  exec bash scripts/long_check.sh "$@"
+fi
+
 QUICK=0
 if [ "${1:-}" = "--quick" ]; then
   QUICK=1
