@@ -40,6 +40,8 @@ def test_seed_none_uses_torch_default_generator(device):
     torch.manual_seed(1)
     b = specdec_ext.verify(L, D, Q, 1.0).tokens
     assert torch.equal(a, b)
+    # The generator moved on: the next call draws a new seed (not a constant one).
+    assert not torch.equal(a, specdec_ext.verify(L, D, Q, 1.0).tokens)
 
 
 def test_int_seed_gives_rows_their_own_streams(device):
