@@ -96,6 +96,17 @@ PY
   fi
 }
 
+# Seconds per step, printed as one line at the end (README: "The test command's steps").
+STEP_NAME=""; STEP_START=0; TIMES=""
+step() {
+  local now; now=$(date +%s)
+  [ -z "$STEP_NAME" ] || TIMES="$TIMES $STEP_NAME $(( now - STEP_START ))s,"
+  STEP_NAME=$1; STEP_START=$now
+}
+RUN_START=$(date +%s)
+trap 'step end; echo "[test] seconds per step:${TIMES%,}; total $(( $(date +%s) - RUN_START ))s"' EXIT
+
+step setup
 if [ "$QUICK" = 1 ] && quick_setup; then
   :
 else
@@ -106,12 +117,15 @@ if [ "${SPECDEC_FORCE_CUDA:-0}" = "1" ]; then
   .venv/bin/python -c "import specdec_ext, sys; sys.exit(0 if specdec_ext.has_cuda_kernels() else 'CUDA kernels missing')"
 fi
 
+step cpp_tests
 echo "[test] C++ tests (core, SIMT emulator)"
 cmake -S . -B cpp_tests/build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build cpp_tests/build -j2 >/dev/null
 ctest --test-dir cpp_tests/build --output-on-failure
+step headers
 echo "[test] every csrc header compiles on its own"; bash scripts/header_check.sh
 
+step pytest
 echo "[test] Python tests"
 if [ "$QUICK" = 1 ]; then
   echo "[test] quick tier: SPECDEC_QUICK=1 (reduced chi-square draws and fuzz examples), no SIMT emulation, no wheel route"
@@ -130,8 +144,14 @@ if [ "$QUICK" = 1 ]; then
       .venv/bin/python -m pytest python_tests -q -rs -m "not simt" -n 2 --dist loadscope --no-loadscope-reorder
   fi
 elif [ $# -eq 0 ]; then
-  .venv/bin/python -m pytest python_tests -q -rs -m "not simt"
-  bash scripts/simt_check.sh
+  # The full counts, on two workers as the quick tier (same module scheduling and thread settings).
+  OMP_WAIT_POLICY=PASSIVE TORCHINDUCTOR_COMPILE_THREADS=1 \
+    .venv/bin/python -m pytest python_tests -q -rs -m "not simt" -n 2 --dist loadscope --no-loadscope-reorder
+  for s in coverage mutations asan; do
+    step "simt_$s"
+    bash scripts/simt_check.sh "$s"
+  done
+  step wheel
   echo "[test] the wheel route: build a wheel (CPU kernels), install it into a fresh venv, use it"
   SPECDEC_CPU_ONLY=1 bash scripts/wheel_check.sh
 else
