@@ -1,6 +1,6 @@
 """How one decode step of the reference Llama decoder spends its time: wall clock, the
 same step under ``torch.profiler``, and the share of its matmuls (:func:`step_profile`).
-A benchmark helper, not a test (benchmarks/RESULTS.md quotes its numbers)."""
+A benchmark helper, not a test (benchmarks/HISTORY.md quotes its numbers)."""
 from __future__ import annotations
 
 import time

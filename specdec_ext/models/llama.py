@@ -401,7 +401,7 @@ class LlamaModel(nn.Module):
         On a CPU Inductor then pre-packs them for its GEMM kernels, and
         ``options={"max_autotune": True}`` adds its C++ micro-GEMMs (autotuning: tens of
         seconds more of compilation); the bundled target's step times for each are in
-        benchmarks/RESULTS.md. The dynamo recompile limit is raised as for
+        benchmarks/HISTORY.md (2026-11-30). The dynamo recompile limit is raised as for
         :meth:`HFBatchedSpecModel.compile_decode <specdec_ext.models.hf.HFBatchedSpecModel.compile_decode>`
         (a target and a draft share this method's code object).
         """
