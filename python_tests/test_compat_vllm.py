@@ -546,7 +546,7 @@ def test_rejection_sampling_approximates_target_distribution():
     request the same; called as vLLM calls it: mocked bonus, draft rows only) as a
     chi-square test: the first emitted token of each request (an accepted draft or the
     recovered token) follows softmax(target logits) exactly. 20000 requests, fixed seeds,
-    every cell's expected count >= 5, ALPHA = 1e-3."""
+    every cell's expected count >= 5, at stats_reference.ALPHA."""
     V, K, N = 10, 2, draws(20000)
     g = torch.Generator().manual_seed(7)
     q = torch.softmax(torch.rand(V, generator=g), -1)
@@ -583,7 +583,7 @@ def test_emitted_law_matches_the_filtered_target_law():
     filtered_softmax64): the joint law of (accepted drafts, emitted token) for three
     request types interleaved in one ragged batch (3, 1 and 0 drafts; vLLM-style per-request
     temperature, top_k (vLLM's "off" = V too), top_p, min_p). Chi-square per type, cells
-    with expected count < 5 merged, ALPHA = 1e-3, fixed seeds."""
+    with expected count < 5 merged, at stats_reference.ALPHA, fixed seeds."""
     V, N = 12, draws(6000, 2000)
     g = torch.Generator().manual_seed(21)
     types = {  # n drafts, temperature, top_k, top_p, min_p
@@ -611,6 +611,32 @@ def test_emitted_law_matches_the_filtered_target_law():
     counts = _joint_counts_per_group(res.sampled_token_ids, order, {t: types[t][0] for t in types}, V)
     for t in types:
         assert chi_square_pvalue(counts[t], law[t]) > ALPHA, f"request type {t}"
+
+
+@pytest.mark.law
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_emitted_law_across_vocabulary_tiles(temperature):
+    """The shim's joint law of (accepted drafts, emitted token) at V = 300 (three of the
+    kernels' 128-token race tiles) with top-k 60 + top-p 0.9 + min-p 0.01, 2 drafts per
+    request, at two temperatures: against verify_joint on the filtered target law, cells with
+    expected count < 5 merged, at stats_reference.ALPHA, fixed seeds."""
+    V, n, N = 300, 2, draws(8000, 3000)
+    g = torch.Generator().manual_seed(33)
+    logits_row = torch.randn(n + 1, V, generator=g) * 2.0
+    q_row = torch.softmax(torch.randn(n, V, generator=g) * 2.0, -1)
+    spec = [int(torch.multinomial(q_row[i], 1, generator=g)) for i in range(n)]
+    p = filtered_softmax64(logits_row, temperature, top_k=60, top_p=0.9, min_p=0.01)
+    law = verify_joint(p, q_row.double().numpy(), np.array(spec, dtype=np.int64))
+    md = SpecDecodeMetadata.from_draft_token_ids([spec] * N)
+    full = lambda v, dtype: torch.full((N,), v, dtype=dtype)  # noqa: E731
+    sm = SamplingMetadata(temperature=full(temperature, torch.float32), all_greedy=False, all_random=True,
+                          top_k=full(60, torch.int32), top_p=full(0.9, torch.float32),
+                          min_p=full(0.01, torch.float32))
+    torch.manual_seed(6)
+    res = RejectionSampler()(md, q_row.repeat(N, 1), logits_row.repeat(N, 1), sm)
+    assert res.valid.all()
+    counts = _joint_counts_per_group(res.sampled_token_ids, torch.zeros(N, dtype=torch.int64), {0: n}, V)[0]
+    assert chi_square_pvalue(counts, law) > ALPHA
 
 
 # ------------------------------------------------------------ top-k / top-p masks (vLLM's facts)
