@@ -10,7 +10,7 @@ import torch
 
 from helpers import draws
 from specdec_ext.bench.tree_baseline import verify_tree_torch
-from stats_reference import ALPHA, chi_square_pvalue
+from stats_reference import ALPHA, chi_square_pvalue, verify_joint
 
 V = 3
 PARENTS = [-1, 0, 0, 1, 1, 2]    # root with two children, each with two children (depth 2)
@@ -141,6 +141,30 @@ def test_greedy_and_invalid_rows():
     assert tokens[0].tolist() == [1, 2, -1] and path[0].tolist() == [0, 2, -1] and n[0] == 1 and valid[0]
     assert valid.tolist() == [True, False, False]
     assert (tokens[1:] == -1).all() and (path[1:] == -1).all() and (n[1:] == 0).all()
+
+
+@pytest.mark.law
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_chain_tree_law_is_leviathan(temperature):
+    """At T > 0 a chain-shaped tree with draft_probs has chain verification's law: the joint
+    law of (accepted drafts, emitted token) of one row repeated N times is Leviathan's closed
+    form (stats_reference.verify_joint on softmax(logits / T)), by chi-square at
+    stats_reference.ALPHA; the draft laws drawn unlike the target's so most rows reject."""
+    g = torch.Generator().manual_seed(8)
+    K, W, N = 3, 7, draws(12000, 4000)
+    logits = torch.randn(1, K + 1, W, generator=g) * 1.5
+    q = torch.softmax(torch.randn(1, K + 1, W, generator=g) * 1.5, -1)
+    drafts = torch.tensor([[int(torch.multinomial(q[0, i], 1, generator=g)) for i in range(K)]])
+    tree_ids = torch.cat([torch.zeros(1, 1, dtype=torch.int64), drafts], 1)
+    tokens, _, n, valid = verify_tree_torch(logits.expand(N, -1, -1), tree_ids.expand(N, -1), [-1, 0, 1, 2],
+                                            q.expand(N, -1, -1), temperature,
+                                            generator=torch.Generator().manual_seed(9))
+    assert valid.all()
+    last = tokens.gather(1, n.view(-1, 1)).view(-1)
+    counts = torch.bincount(n * W + last, minlength=(K + 1) * W).numpy()
+    p = torch.softmax(logits[0].double() / temperature, -1).numpy()
+    law = verify_joint(p, q[0, :K].double().numpy(), drafts[0].numpy()).reshape(-1)
+    assert chi_square_pvalue(counts, law) > ALPHA
 
 
 def test_chain_tree_is_leviathan():
