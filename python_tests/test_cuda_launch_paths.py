@@ -9,10 +9,13 @@ import pytest
 import torch
 
 import specdec_ext
+from test_sampling_gpu import max_mismatched_rows
 
 pytestmark = pytest.mark.cuda
 
-MAX_MISMATCHED_ROWS = 2
+#: What the CUDA runtime says when a stream capture meets an operation it cannot record
+#: (cudaErrorStreamCaptureUnsupported and its relatives); any other error fails the test.
+CAPTURE_UNSUPPORTED = ("stream is capturing", "capture", "not permitted", "not supported")
 
 
 def _inputs(B, K, V, dtype, seed, device="cuda"):
@@ -55,10 +58,10 @@ def test_verify_next_to_a_busy_side_stream_cuda():
     side.synchronize()
     cpu = specdec_ext.verify(L.cpu(), D.cpu(), Q.cpu(), T.cpu(), seed=1)
     n = int((cpu.tokens != res.tokens.cpu()).any(1).sum())
-    assert n <= MAX_MISMATCHED_ROWS, n
+    assert n <= max_mismatched_rows(B), n
     assert torch.equal(cpu.valid, res.valid.cpu())
     s_cpu = specdec_ext.sample(L[:, 0].cpu(), T.cpu(), seed=2)
-    assert int((s_cpu != s.cpu()).sum()) <= MAX_MISMATCHED_ROWS
+    assert int((s_cpu != s.cpu()).sum()) <= max_mismatched_rows(B)
 
 
 def test_cooperative_launch_inside_graph_capture_cuda(monkeypatch):
@@ -81,8 +84,11 @@ def test_cooperative_launch_inside_graph_capture_cuda(monkeypatch):
         with torch.cuda.graph(graph):
             out["tokens"] = specdec_ext.verify(L, D, Q, T, seed=5).tokens
     except RuntimeError as e:
+        first_line = str(e).splitlines()[0][:200]
+        if not any(phrase in first_line.lower() for phrase in CAPTURE_UNSUPPORTED):
+            raise  # a real failure of the capture path, not the driver declining it
         torch.cuda.synchronize()
-        pytest.skip(f"cooperative launch not capturable here: {str(e).splitlines()[0][:200]}")
+        pytest.skip(f"cooperative launch not capturable here: {first_line}")
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out["tokens"], eager)
