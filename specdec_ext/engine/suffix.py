@@ -163,19 +163,16 @@ def _tree_batch(trees, last: Sequence[int]):
     padded with children of the root repeating the row's first candidate (a repeated
     deterministic candidate is never accepted twice: verify_tree zeroes it after a rejection)."""
     N = 1 + max((len(t[0]) for t in trees), default=0)
-    ids = torch.zeros(len(trees), N, dtype=torch.int64)
-    par = torch.zeros(len(trees), N, dtype=torch.int64)
-    depth = 0
+    ids, par, depth = [], [], 0
     for b, (tokens, parents, _) in enumerate(trees):
-        ids[b, 0], par[b, 0] = last[b], -1
         d = [0] * (len(tokens) + 1)
-        for i, (t, p) in enumerate(zip(tokens, parents)):
-            ids[b, i + 1], par[b, i + 1] = t, p + 1
+        for i, p in enumerate(parents):
             d[i + 1] = d[p + 1] + 1
         depth = max(depth, max(d))
-        pad = tokens[0] if tokens else 0
-        ids[b, len(tokens) + 1:], par[b, len(tokens) + 1:] = pad, 0
-    return ids, par, depth
+        pad = N - 1 - len(tokens)
+        ids.append([last[b]] + list(tokens) + [tokens[0] if tokens else 0] * pad)
+        par.append([-1] + [p + 1 for p in parents] + [0] * pad)
+    return torch.tensor(ids, dtype=torch.int64), torch.tensor(par, dtype=torch.int64), depth
 
 
 def suffix_tree_step(engine, run, sync) -> None:
