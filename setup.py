@@ -121,7 +121,7 @@ def extensions():
     if not with_cuda:
         return [cpp_extension.CppExtension(
             "specdec_ext._C", sources, extra_compile_args={"cxx": cxx},
-            define_macros=define, include_dirs=[os.path.join(ROOT, "csrc")])]
+            define_macros=define, include_dirs=[os.path.join(ROOT, "csrc")]), suffix_extension()]
     _log(f"building with CUDA kernels: CUDA_HOME={cpp_extension.CUDA_HOME}, "
          f"TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}, "
          f"MAX_JOBS={os.environ.get('MAX_JOBS', 'default')}")
@@ -130,7 +130,19 @@ def extensions():
     return [cpp_extension.CUDAExtension(
         "specdec_ext._C", sources, extra_compile_args={"cxx": cxx, "nvcc": nvcc},
         define_macros=define,
-        include_dirs=[os.path.join(ROOT, "csrc")] + _cuda_include_dirs())]
+        include_dirs=[os.path.join(ROOT, "csrc")] + _cuda_include_dirs()), suffix_extension()]
+
+
+def suffix_extension():
+    """specdec_ext._suffix: the suffix index (csrc/core/suffix_index.h) behind a small
+    pybind11 module of its own (torch's bundled pybind11 headers, no torch headers, no
+    libtorch): host-only C++, the same in CPU-only and CUDA builds, a few seconds to compile."""
+    from setuptools import Extension
+
+    pybind_dir = os.path.join(os.path.dirname(torch.__file__), "include")
+    return Extension("specdec_ext._suffix", ["csrc/suffix_binding.cpp"], language="c++",
+                     include_dirs=[os.path.join(ROOT, "csrc"), pybind_dir],
+                     extra_compile_args=["-O3", "-fvisibility=hidden", "-Wall", "-Wextra", "-std=c++17"])
 
 
 setup(

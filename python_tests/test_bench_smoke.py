@@ -113,8 +113,8 @@ def test_bench_e2e_smoke(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
     rows = json.load(open(path))["rows"]
     methods = {r["method"] for r in rows}
-    assert {"target-only", "engine", "engine adaptive", "engine ngram", "engine hybrid", "HF generate",
-            "HF assisted", "HF prompt lookup"} <= methods
+    assert {"target-only", "engine", "engine adaptive", "engine ngram", "engine hybrid", "engine suffix",
+            "engine suffix tree", "HF generate", "HF assisted", "HF prompt lookup"} <= methods
     engine = [r for r in rows if r["method"] == "engine"][0]
     assert engine["tokens"] == 6 and engine["speedup"] > 0 and 0 <= engine["bookkeeping"] < 1
     assert engine["rounds"] == 2 and engine["target_ratio"] > 0 and engine["predicted_r"] > 0
@@ -123,6 +123,9 @@ def test_bench_e2e_smoke(tmp_path, capsys):
     assert printed and printed[0].rstrip().endswith(f"{engine['predicted_r']:.2f}x")  # the pred(r) column
     tree = [line for line in out if " vs chain K=3: " in line]  # the default --tree 4 2 2 against K = 3
     assert len(tree) == 2 and all("(tree/chain x" in line and "tokens/s tree/chain x" in line for line in tree)
+    suffix = [line for line in out if line.startswith("cpu ") and ": proposal " in line]
+    assert len(suffix) == 3 and all("% of the step time" in line for line in suffix)
+    assert all("tokens per target pass" in line for line in suffix if "suffix" in line)
     assert "median of 2 round(s)" in _check_targets(path)
 
 

@@ -26,6 +26,7 @@ BAD = {
         "--draft": ["--draft", "TARGET"],
         "--prompt": ["--prompt", ""],
         "--prompt-ids": ["--prompt-ids", "-1"],
+        "--prompt-file": ["--prompt-file", "/nonexistent-specdec-dir/prompts.txt"],
         "--max-new-tokens": ["--max-new-tokens", "0"],
         "--no-baseline": ["--no-baseline=1"],
         "--rounds": ["--rounds", "0"],
@@ -35,6 +36,7 @@ BAD = {
         "--drafter": ["--drafter", "oracle"],
         "--tree": ["--tree", "0"],
         "--tree-mode": ["--tree-mode", "all"],
+        "--suffix-tree": ["--suffix-tree"],
         "--max-ngram": ["--max-ngram", "0"],
         "--temperature": ["--temperature", "1e-50"],
         "--top-k": ["--top-k", "-1"],
@@ -137,7 +139,7 @@ def _cases():
 @pytest.mark.parametrize("command, argv", list(_cases()))
 def test_bad_value_is_one_line_and_exit_2(capsys, nothing_runs, command, argv):
     argv = [bundled.pair_dir("target") if a == "TARGET" else a for a in argv]
-    if command == "generate" and not {"--prompt", "--prompt-ids"} & set(argv):
+    if command == "generate" and not {"--prompt", "--prompt-ids", "--prompt-file"} & set(argv):
         argv = ["--prompt", "x"] + argv
     rc, err = _run(capsys, command, argv)
     assert rc == 2, (rc, err)

@@ -13,7 +13,10 @@ summary line: acceptance rate, tokens per step, tokens/s and the speedup over
 target-only decoding of the same prompt: after a warm-up, --rounds speculative and
 target-only runs are timed interleaved and the median speedup is printed with its
 min-max (skip the target-only runs with --no-baseline: one timed run). With --drafter
-ngram (the default) no draft model is used, so --target DIR alone is enough.
+ngram (the default) or suffix no draft model is used, so --target DIR alone is enough.
+--prompt-file FILE runs its prompts (one per line, or JSON lines {"prompt": ...}) one after
+another in ONE engine, so --drafter suffix drafts from the earlier prompts' outputs too;
+the summary then covers the whole run (each round a fresh engine over every prompt).
 --top-k / --top-p / --min-p filter the sampling law (Hugging Face's warper order; ignored
 when greedy); --coupled keys every token by (seed, position) so the text equals target-only
 sampling with the same --seed, whatever K or the drafter. --metrics-port serves Prometheus
@@ -42,7 +45,7 @@ from . import _cli
 from ._cli import OneLineParser, int_in, temperature
 from ._validate import check_filter
 from .bench.timing import busy_reason, machine_load
-from .engine import SpecDecMetrics, SpeculativeEngine
+from .engine import SpecDecMetrics, SpeculativeEngine, SuffixConfig
 from .errors import CacheFullError, OutOfBlocksError
 
 PROG = "python -m specdec_ext.generate"
@@ -109,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (bundled pair's tokenizer, or DIR/tokenizer.json)")
     src.add_argument("--prompt-ids", type=int_in(0), nargs="+", help="prompt token ids")
+    src.add_argument("--prompt-file", metavar="FILE",
+                     help="prompts, one per line (blank lines skipped) or JSON lines {\"prompt\": \"...\"} (for "
+                          "prompts with newlines), run one after another in one engine; speedup of the whole run")
     ap.add_argument("--max-new-tokens", type=int_in(1), default=128, help="tokens to generate at most")
     ap.add_argument("--no-baseline", action="store_true",
                     help="skip the target-only runs: one timed speculative run, no speedup figure")
@@ -120,10 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="adapt K in [0, k] by the expected speedup from alpha and the measured step costs "
                          "(default: cost), or by 'threshold' (the simple rule); not with --fixed-k")
     ap.add_argument("--fixed-k", action="store_true", help="always draft exactly --k tokens (no adaptation)")
-    ap.add_argument("--drafter", choices=["model", "ngram", "hybrid"], default=None,
+    ap.add_argument("--drafter", choices=["model", "ngram", "hybrid", "suffix"], default=None,
                     help="where drafts come from: the draft model, prompt lookup (n-gram) in the prompt and "
-                         "output (default: measured fastest on the bundled pair; with --tree: model), or n-gram "
-                         "where a match exists and the model elsewhere")
+                         "output (default: measured fastest on the bundled pair; with --tree: model), n-gram "
+                         "where a match exists and the model elsewhere, or suffix (a suffix index of the prompt and "
+                         "output and of the engine's earlier outputs, e.g. the earlier prompts of --prompt-file)")
+    ap.add_argument("--suffix-tree", action="store_true",
+                    help="--drafter suffix proposes trees (scored in one target pass, verified by verify_tree) "
+                         "instead of chains")
     ap.add_argument("--tree", type=int_in(1), nargs="+", default=None, metavar="B",
                     help="tree speculation with this branching per depth, e.g. --tree 4 2 2 (1 + 4 + 8 + 16 "
                          "nodes scored in one target pass; needs the draft model; --k does not apply)")
@@ -179,11 +189,17 @@ def _target_config(args) -> dict:
 
 def _uses_draft_model(args) -> bool:
     """The n-gram drafter drafts from the prompt and output: no draft model is loaded."""
-    return args.drafter != "ngram"
+    return args.drafter not in ("ngram", "suffix")
 
 
 def _check_drafter(ap: argparse.ArgumentParser, args) -> None:
     """--drafter defaults to ngram, or to model with --tree (which drafts with the model only)."""
+    if args.suffix_tree and args.drafter != "suffix":
+        ap.error("--suffix-tree shapes the suffix drafter's proposals: add --drafter suffix")
+    if args.suffix_tree and args.verify == "block":
+        ap.error("--suffix-tree verifies token by token (verify_tree) only: drop --verify block")
+    if args.suffix_tree and args.coupled:
+        ap.error("--suffix-tree verifies in exact mode only: drop --coupled")
     if args.tree is None:
         args.drafter = args.drafter or "ngram"
         return
@@ -201,7 +217,7 @@ def _check_pair(ap: argparse.ArgumentParser, args) -> None:
     if args.draft is not None and args.target is None:
         ap.error("--draft needs --target (without both, the bundled pair is used)")
     if args.target is not None and args.draft is None and _uses_draft_model(args):
-        ap.error(f"--drafter {args.drafter} needs --draft DIR (or --drafter ngram, which needs no draft model)")
+        ap.error(f"--drafter {args.drafter} needs --draft DIR (or --drafter ngram / suffix, which need no draft model)")
 
 
 def _check_transformers(ap: argparse.ArgumentParser, args) -> None:
@@ -329,13 +345,22 @@ def check_args(ap: argparse.ArgumentParser, args) -> dict:
         ap.error(f"--prompt-ids: id {max(args.prompt_ids)} is outside the vocabulary [0, {V})")
     if args.eos_id is not None and V and args.eos_id >= V:
         ap.error(f"--eos-id {args.eos_id} is outside the vocabulary [0, {V})")
-    if args.prompt is not None and not os.path.exists(_tokenizer_path(args)):
-        ap.error(f"--prompt needs a tokenizer: {_tokenizer_path(args)} not found (use --prompt-ids)")
+    if (args.prompt is not None or args.prompt_file is not None) and not os.path.exists(_tokenizer_path(args)):
+        flag = "--prompt" if args.prompt is not None else "--prompt-file"
+        ap.error(f"{flag} needs a tokenizer: {_tokenizer_path(args)} not found (use --prompt-ids)")
     if args.prompt is not None and not args.prompt:
         ap.error("--prompt is empty")
-    prompt_ids = encode_prompt(args)[1]
-    if not prompt_ids:
-        ap.error("--prompt encodes to no tokens")
+    if args.prompt_file is not None:
+        try:
+            args.prompts = read_prompt_file(args.prompt_file)
+        except ValueError as e:
+            ap.error(f"--prompt-file {e}")
+    encoded = encode_prompts(args)[1]
+    for i, ids in enumerate(encoded):
+        if not ids:
+            ap.error("--prompt encodes to no tokens" if args.prompt_file is None else
+                     f"--prompt-file {args.prompt_file}: prompt {i + 1} encodes to no tokens")
+    prompt_ids = max(encoded, key=len)
     problem = fits_message(len(prompt_ids), args.max_new_tokens, _config_capacities(args)) or \
         speculation_fits_message(args.tree, args.k, len(prompt_ids), _config_capacities(args))
     if problem:
@@ -353,15 +378,50 @@ def _tokenizer_path(args) -> str:
     return os.path.join(_model_dir(args, "target"), "tokenizer.json")
 
 
-def encode_prompt(args):
-    """(tokenizer or None, prompt token ids): --prompt through the target's tokenizer.json,
-    or --prompt-ids as given."""
-    if args.prompt is None:
-        return None, list(args.prompt_ids)
+def read_prompt_file(path: str) -> List[str]:
+    """The prompts of a --prompt-file: one per line (blank lines skipped), a line that starts
+    with '{' being a JSON object with a string "prompt". ValueError naming the file (and
+    line) when it cannot be read, holds no prompt, or has a bad JSON line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    prompts = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} line {n}: not valid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
+                raise ValueError(f'{path} line {n}: a JSON line needs a non-empty string "prompt"') from None
+            prompts.append(obj["prompt"])
+        else:
+            prompts.append(line)
+    if not prompts:
+        raise ValueError(f"{path}: no prompt in it (one per line, or JSON lines {{\"prompt\": ...}})")
+    return prompts
+
+
+def encode_prompts(args):
+    """(tokenizer or None, [prompt token ids, ..]): --prompt / --prompt-file's prompts through
+    the target's tokenizer.json, or --prompt-ids as given (one prompt)."""
+    if args.prompt is None and args.prompt_file is None:
+        return None, [list(args.prompt_ids)]
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(_tokenizer_path(args))
-    return tok, tok.encode(args.prompt).ids
+    texts = [args.prompt] if args.prompt_file is None else args.prompts
+    return tok, [tok.encode(t).ids for t in texts]
+
+
+def encode_prompt(args):
+    """(tokenizer or None, prompt token ids) of a single-prompt run (--prompt / --prompt-ids)."""
+    tok, encoded = encode_prompts(args)
+    return tok, encoded[0]
 
 
 def _eos(args, cfg: dict):
@@ -526,10 +586,85 @@ def summary_line(t: Timings, baseline: bool, load: dict) -> str:
 
 
 def _engine(args, target, draft, metrics):
-    return SpeculativeEngine(target, None if args.drafter == "ngram" else draft, k=args.k,
+    suffix = SuffixConfig(tree=args.suffix_tree) if args.drafter == "suffix" else None
+    return SpeculativeEngine(target, draft if _uses_draft_model(args) else None, k=args.k,
                              adaptive_k=False if args.fixed_k else (args.adaptive or "cost"), metrics=metrics,
                              drafter="auto" if args.drafter == "ngram" else args.drafter, max_ngram=args.max_ngram,
-                             verify_mode=_mode(args), tree=args.tree, tree_mode=args.tree_mode)
+                             verify_mode=_mode(args), tree=args.tree, tree_mode=args.tree_mode, suffix=suffix)
+
+
+def time_file_rounds(make_engine, plain, prompts, args, eos, rounds: int, update=lambda done: None):
+    """--prompt-file: ``rounds`` rounds, each a FRESH speculative engine (its global suffix
+    index starts empty) running every prompt one after another, and (plain not None) the
+    target-only engine over the same prompts; the order alternates between rounds (ABBA).
+    Returns (the first round's speculative outputs, Timings of whole runs: seconds and
+    tokens/s summed over the prompts)."""
+    timings, first, done = Timings(None), None, 0
+    for r in range(rounds if plain is not None else 1):
+        for kind in (("spec", "base") if r % 2 == 0 else ("base", "spec")):
+            if kind == "base" and plain is None:
+                continue
+            engine = make_engine() if kind == "spec" else plain
+            outs, seconds = [], 0.0
+            for ids in prompts:
+                out, s = _timed(engine, ids, args, eos, lambda n, d=done: update(d + n))
+                done += args.max_new_tokens
+                outs.append(out)
+                seconds += s
+            tokens = sum(o.stats[0].tokens_generated for o in outs)
+            if kind == "spec":
+                first = first or outs
+                timings.spec_s.append(seconds)
+                timings.spec_tok_s.append(tokens / seconds if seconds > 0 else 0.0)
+            else:
+                timings.base_tok_s.append(tokens / seconds if seconds > 0 else 0.0)
+    return first, timings
+
+
+def file_summary_line(outs, t: Timings, baseline: bool, load: dict) -> str:
+    """The --prompt-file summary: prompts, tokens, acceptance and tokens per target pass over
+    the whole run (first round), tokens/s (median) [| target-only -> speedup] | load."""
+    stats = [o.stats[0] for o in outs]
+    tokens = sum(s.tokens_generated for s in stats)
+    steps = sum(o.steps for o in outs)
+    drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+    load_text = "n/a" if load["load_1min"] is None else f"{load['load_1min']:.2f}"
+    return (f"{len(outs)} prompts, one engine: acceptance {accepted / drafted if drafted else 0.0:.1%} | "
+            f"tokens/step {tokens / steps if steps else 0.0:.2f} | {tokens} tokens in "
+            f"{statistics.median(t.spec_s):.2f}s = {statistics.median(t.spec_tok_s):.1f} tokens/s"
+            f"{speed_text(t, baseline)} | load {load_text} on {load['cpu_count']} cores")
+
+
+def run_file(args, cfg: dict, target, draft, metrics) -> int:
+    """--prompt-file: every prompt in one engine per round (see :func:`time_file_rounds`)."""
+    tok, encoded = encode_prompts(args)
+    eos = _eos(args, cfg)
+    try:
+        _engine(args, target, draft, metrics)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    plain = None if args.no_baseline else SpeculativeEngine(target, None, k=0, adaptive_k=False,
+                                                            verify_mode=_mode(args))
+    prompts = [torch.tensor([p], dtype=torch.int64) for p in encoded]
+    rounds = 1 if plain is None else (args.rounds or DEFAULT_ROUNDS)
+    try:
+        _warm_up(_engine(args, target, draft, None), plain, prompts[0], args)
+        runs = rounds * (1 if plain is None else 2) * len(prompts)
+        bar, update = progress_bar(runs * args.max_new_tokens, not args.no_progress and args.max_new_tokens >= 32)
+        outs, timings = time_file_rounds(lambda: _engine(args, target, draft, metrics), plain, prompts, args, eos,
+                                         rounds, update)
+    except (CacheFullError, OutOfBlocksError) as e:
+        _fail(str(e))
+    if bar is not None:
+        bar.close()
+    load = machine_load()
+    for text, out in zip(args.prompts, outs):
+        print(json.dumps({"prompt": text, "completion": tok.decode(out.generated[0])}))
+    print(file_summary_line(outs, timings, plain is not None, load))
+    if busy_reason(load):
+        print(f"warning: {busy_reason(load)}: the timings are unreliable; rerun on an idle machine", file=sys.stderr)
+    return 0
 
 
 def run(args, cfg: dict) -> int:
@@ -542,6 +677,12 @@ def run(args, cfg: dict) -> int:
     server = metrics.serve(args.metrics_port) if metrics else None
     if server is not None:
         print(f"metrics: http://127.0.0.1:{server.server_port}/metrics", file=sys.stderr)
+    if args.prompt_file is not None:
+        try:
+            return run_file(args, cfg, target, draft, metrics)
+        finally:
+            if server is not None:
+                server.shutdown()
     try:
         engine = _engine(args, target, draft, metrics)
     except ValueError as e:  # e.g. a model that cannot take a tree: one line, not a traceback

@@ -8,6 +8,11 @@ medians, each ratio taken against the baseline of the same round:
 * the engine with K in {1, 2, 4, 6} and adaptive K, greedy (T = 0) and sampling (T = 1)
 * the engine with prompt-lookup (n-gram) drafting and with the hybrid drafter (n-gram
   where a match exists, the draft model elsewhere), adaptive K
+* the engine with suffix drafting (``engine suffix``: per-request and global suffix indexes,
+  the global one carried across the row's prompts, which run one after another in one
+  engine; ``engine suffix tree``: its trees through verify_tree), adaptive K; after each
+  block a line per drafter without a model gives its proposal time as a share of the step
+  and tokens per target pass / tokens/s against n-gram (:func:`suffix_summary`)
 * tree speculation (``--tree``, default 4 2 2: branching per depth; ``--no-tree`` skips):
   ``engine tree`` (children sampled from the draft) and ``engine tree topk`` (the draft's
   top-b), next to a chain of K = the tree's depth (the same draft forwards per step, one
@@ -57,7 +62,7 @@ import torch
 from .. import bundled
 from .._cli import OneLineParser, int_in, output_path, temperature
 from ..engine.adaptive_k import predicted_speedup
-from ..engine import SpeculativeEngine
+from ..engine import SpeculativeEngine, SuffixConfig
 from .report import measuring, print_table, progress_bar
 from .timing import busiest, machine_load, warn_if_busy, write_rows_json
 
@@ -91,10 +96,11 @@ def _sync(device):
 
 
 def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0, drafter="auto", tree=None,
-               tree_mode="sampled"):
+               tree_mode="sampled", suffix=None):
     """groups: list of (ids, mask). Returns aggregate stats over all of them (``tree``: tree
     speculation with that branching; tokens_per_step is then tokens per target pass too)."""
-    eng = SpeculativeEngine(target, draft, k=k, adaptive_k=adaptive, drafter=drafter, tree=tree, tree_mode=tree_mode)
+    eng = SpeculativeEngine(target, draft, k=k, adaptive_k=adaptive, drafter=drafter, tree=tree, tree_mode=tree_mode,
+                            suffix=suffix)
     tokens = steps = accepted = rejections = 0
     draft_s = draft_steps = target_s = other_s = step_s = 0.0
     elapsed = 0.0
@@ -116,7 +122,8 @@ def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0,
                 tokens_per_step=tokens / steps / len(groups[0][0]) if steps else None,
                 draft_s_per_token=draft_s / draft_steps if draft_steps else None,
                 target_s_per_step=target_s / steps if steps else None,
-                bookkeeping=other_s / step_s if step_s else None)
+                bookkeeping=other_s / step_s if step_s else None,
+                draft_share=draft_s / step_s if step_s else None)  # n-gram / suffix: the proposal's share
 
 
 def run_hf(hf_target, hf_draft, temperature, groups, max_new, assisted, prompt_lookup=None):
@@ -229,7 +236,11 @@ def configs(target, draft, compiled, hf_target, hf_draft, hf_compiled, B, T, gro
         out += [Config("engine adaptive", f"<={kmax}", _engine(target, draft, kmax, "cost", T, groups, n)),
                 Config("engine ngram", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n)),
                 Config("engine hybrid", f"<={kmax}", _engine(target, draft, kmax, "cost", T, groups, n,
-                                                             drafter="hybrid"))]
+                                                             drafter="hybrid")),
+                Config("engine suffix", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n,
+                                                             drafter="suffix")),
+                Config("engine suffix tree", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n,
+                                                                  drafter="suffix", suffix=SuffixConfig(tree=True)))]
         out += _tree_configs(target, draft, T, groups, args)
         if compiled is not None:  # the n-gram engine on the compiled reference model
             out.append(Config("engine ngram compiled", f"<={kmax}", _engine(compiled, None, kmax, "cost", T, groups, n),
@@ -297,6 +308,7 @@ def summarize(device, B, T, c: Config, runs, base_runs) -> Dict[str, Any]:
                 tokens=runs[0]["tokens"], seconds=median_of("seconds"), tok_s=median_of("tok_s"), alpha=alpha,
                 tokens_per_step=median_of("tokens_per_step"), draft_s_per_token=median_of("draft_s_per_token"),
                 target_s_per_step=median_of("target_s_per_step"), bookkeeping=median_of("bookkeeping"),
+                draft_share=None if any(r.get("draft_share") is None for r in runs) else med(r["draft_share"] for r in runs),
                 speedup=per_round(lambda r, b, t: r["tok_s"] / b["tok_s"]), cost_ratio=c_ratio,
                 target_ratio=r_ratio,
                 predicted=predicted_speedup(alpha, c.k, c_ratio) if leviathan else None,
@@ -362,6 +374,25 @@ def format_row(r) -> str:
             f"{f(r.get('target_ratio'), '.2f'):>5} {f(r.get('predicted_r'), '.2f'):>7}x")
 
 
+def suffix_summary(block_rows) -> List[str]:
+    """Lines for the drafters without a model (n-gram, suffix): the proposal's share of the
+    step time (the draft phase: the index update and lookup), and tokens per target pass and
+    tokens/s against the n-gram row of the block."""
+    ngram = [r for r in block_rows if r["method"] == "engine ngram"]
+    lines = []
+    for r in block_rows:
+        if r["method"] not in ("engine ngram", "engine suffix", "engine suffix tree") or r.get("draft_share") is None:
+            continue
+        line = (f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']}: proposal "
+                f"{100 * r['draft_share']:.1f}% of the step time")
+        if r["method"] != "engine ngram" and ngram and ngram[0].get("tokens_per_step") and r.get("tokens_per_step"):
+            g = ngram[0]
+            line += (f"; vs ngram: {r['tokens_per_step']:.2f} vs {g['tokens_per_step']:.2f} tokens per target pass, "
+                     f"tokens/s x{r['tok_s'] / g['tok_s']:.2f}")
+        lines.append(line)
+    return lines
+
+
 def table_lines(rows, tree) -> List[str]:
     """The table's row lines, each (device, batch, temperature) block followed by its
     tree-vs-chain lines (:func:`tree_summary`, with ``tree`` the branching or None)."""
@@ -371,6 +402,7 @@ def table_lines(rows, tree) -> List[str]:
         block = [r for r in rows if (r["device"], r["batch"], r["temperature"]) == key]
         lines += [format_row(r) for r in block]
         lines += tree_summary([r for r in block if "note" not in r], tree or ())
+        lines += suffix_summary([r for r in block if "note" not in r])
     return lines
 
 

@@ -8,10 +8,12 @@
 - :mod:`.rng_keys`    which Philox offset each draw uses
 - :mod:`.adaptive_k`  choosing K (Leviathan's model, acceptance estimates, step costs)
 - :mod:`.metrics`     Prometheus metrics;  :mod:`.outputs`  what ``generate`` returns
+- :mod:`.suffix`      suffix drafting (per-request and global suffix indexes)
 - :mod:`.timing`      phase timers, the CUDA sync-debug guard
 """
 from .engine import SpeculativeEngine
 from .metrics import SpecDecMetrics
 from .outputs import GenerationOutput, PhaseTimes, RowStats
+from .suffix import SuffixConfig
 
-__all__ = ["GenerationOutput", "PhaseTimes", "RowStats", "SpecDecMetrics", "SpeculativeEngine"]
+__all__ = ["GenerationOutput", "PhaseTimes", "RowStats", "SpecDecMetrics", "SpeculativeEngine", "SuffixConfig"]

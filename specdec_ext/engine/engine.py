@@ -65,19 +65,24 @@ from .phases import (check_rows, draft_phase, drop_entries, ngram_drafts, overri
                      shared_seed, verify_phase)
 from .rng_keys import StepKeys
 from .run import Run
+from .suffix import GlobalSuffixCache, SuffixConfig, SuffixRow, suffix_tree_step
 from .timing import SyncDebug, make_timer
 from .tree import TREE_MODES, TreeShape, choose_depth, compact_caches, draft_entries, draft_tree, verify_tree_phase
 
 __all__ = ["SpeculativeEngine"]
 
 _POLICIES = {True: "cost", False: "fixed", "cost": "cost", "fixed": "fixed", "threshold": "threshold"}
-_DRAFTERS = ("auto", "model", "ngram", "hybrid")
+_DRAFTERS = ("auto", "model", "ngram", "hybrid", "suffix")
 
 
 def _drafter(draft, drafter: str):
-    """(the draft model or None, 'model' | 'ngram' | 'hybrid') from the constructor's arguments."""
+    """(the draft model or None, 'model' | 'ngram' | 'hybrid' | 'suffix') from the constructor's arguments."""
     if drafter not in _DRAFTERS:
         raise ValueError(f"drafter must be one of {_DRAFTERS}, got {drafter!r}")
+    if drafter == "suffix":
+        if draft is not None and not isinstance(draft, str):
+            raise ValueError("drafter='suffix' takes no draft model (pass draft=None)")
+        return None, "suffix"
     if isinstance(draft, str):
         if draft != "ngram":
             raise ValueError(f"draft must be a model, None or 'ngram', got {draft!r}")
@@ -122,6 +127,11 @@ class SpeculativeEngine:
         last ``max_ngram``..1 tokens in its prompt and output) for rows that have a match,
         the draft model for the others; a step where every row has a match skips the draft
         model. n-gram drafts are deterministic: verify sees one-hot q and stays exact.
+        'suffix' (:mod:`.suffix`, no draft model): drafts from a suffix index of the row's
+        prompt and output and a global one of the engine's earlier outputs (kept across
+        ``generate`` calls, bounded by ``suffix.max_cached_requests``), at most K tokens,
+        also deterministic (one-hot q; trees with ``suffix=SuffixConfig(tree=True)``).
+    suffix : SuffixConfig, optional (drafter 'suffix'): index depth, draft size, probability floor, cache bound, trees
     max_ngram : int >= 1, the longest suffix matched by n-gram drafting
     verify_mode : 'exact' | 'coupled' | 'block'
         'exact': Leviathan's ratio test (the draft's q is used; highest acceptance when q
@@ -149,7 +159,8 @@ class SpeculativeEngine:
     def __init__(self, target, draft=None, k: int = 5, adaptive_k: Union[bool, str] = True,
                  metrics: Optional[SpecDecMetrics] = None, pad_token_id: Optional[int] = None,
                  step_costs: Optional[StepCosts] = None, drafter: str = "auto", max_ngram: int = 3,
-                 verify_mode: str = "exact", tree: Optional[Sequence[int]] = None, tree_mode: str = "sampled"):
+                 verify_mode: str = "exact", tree: Optional[Sequence[int]] = None, tree_mode: str = "sampled",
+                 suffix: Optional[SuffixConfig] = None):
         self.k_max = check_int("k", k, 0)
         self.verify_mode = verify_mode_arg(verify_mode, "verify_mode")
         self.coupled = self.verify_mode == "coupled"
@@ -183,6 +194,24 @@ class SpeculativeEngine:
         self.metrics = metrics
         self.pad_token_id = None if pad_token_id is None else check_int("pad_token_id", pad_token_id)
         self.step_costs = step_costs
+        self.suffix = self._check_suffix(suffix)
+
+    def _check_suffix(self, config: Optional[SuffixConfig]) -> Optional[GlobalSuffixCache]:
+        """The engine's global suffix index (drafter 'suffix'), after checking the config."""
+        if config is not None and not isinstance(config, SuffixConfig):
+            raise TypeError(f"suffix must be a SuffixConfig, got {type(config).__name__}")
+        if self.drafter != "suffix":
+            if config is not None:
+                raise ValueError(f"suffix= configures drafter='suffix', got drafter={self.drafter!r}")
+            return None
+        config = config or SuffixConfig()
+        if config.tree:
+            if self.verify_mode != "exact":
+                raise ValueError(f"suffix trees verify with verify_mode='exact' only, got {self.verify_mode!r}")
+            if not self.target.supports_tree:
+                raise ValueError(f"target model ({type(self.target).__name__}) does not support tree speculation "
+                                 "(forward_tree and compact), which suffix trees need")
+        return GlobalSuffixCache(config)
 
     def _check_tree(self, tree) -> TreeShape:
         """The tree's shape, after checking that this engine can speculate trees."""
@@ -272,7 +301,9 @@ class SpeculativeEngine:
                   self._to_device(torch.tensor([p[-1] for p in prompts], dtype=torch.int64)))
         run.draft_model = self.draft is not None
         self._set_positions(run)
-        if self.drafter != "model":
+        if self.suffix is not None:
+            run.ngram = [SuffixRow(self.suffix, p) for p in prompts]
+        elif self.drafter != "model":
             run.ngram = [NgramIndex(self.max_ngram) for _ in prompts]
             for index, p in zip(run.ngram, prompts):
                 index.extend(p)
@@ -330,6 +361,8 @@ class SpeculativeEngine:
         """One draft -> score -> verify -> commit -> rollback step of the whole batch."""
         if self.tree is not None:
             return self._tree_step(run, sync)
+        if self.suffix is not None and self.suffix.config.tree:
+            return suffix_tree_step(self, run, sync)
         t0 = time.perf_counter()
         timer = make_timer(self.device)
         with sync:

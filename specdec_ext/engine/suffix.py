@@ -1,0 +1,213 @@
+"""Suffix drafting (SuffixDecoding, Oliaro et al., NeurIPS 2025): drafts from a suffix index
+of the request's own text and a global index of earlier requests' outputs.
+
+Two indexes (native, :mod:`specdec_ext._suffix`, csrc/core/suffix_index.h):
+
+* per request: the row's prompt and generated tokens (dropped when the run ends);
+* global (:class:`GlobalSuffixCache`, one per engine, kept across ``generate`` calls): the
+  OUTPUTS of the engine's requests (never prompts), each its own sequence, extended token
+  by token while its request runs (rows of the same batch see each other's partial
+  outputs). Bounded by ``max_cached_requests`` outputs, oldest evicted first (FIFO);
+  memory is about max_depth trie nodes (~40 bytes each + a hash entry) per cached token.
+
+A proposal (:meth:`SuffixRow.propose`) matches the row's last 1..max_depth tokens in both
+indexes; the draft of the best score (sum of its tokens' continuation probabilities) wins,
+ties to the per-request index. Its size is at most min(K, floor(factor * match_length +
+offset)); candidates below ``min_prob`` are dropped. Drafts are deterministic given the
+text, so verification sees one-hot q (``draft_probs=None``) and stays exact at any
+temperature: a chain goes through :func:`specdec_ext.verify` like an n-gram draft, a tree
+(``SuffixConfig(tree=True)``) through :func:`specdec_ext.verify_tree` with the tree's
+nodes as deterministic candidates (:func:`suffix_tree_step`).
+
+Costs: an update is O(max_depth) per token and index, a proposal O(max_depth^2) hash
+lookups plus the draft; the engine's ``phase_s.draft`` holds the proposal time.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from .._validate import check_int
+from ..cache import TreeNodes
+from .commit import commit_step
+from .phases import check_rows, drop_entries
+from .tree import verify_tree_phase
+
+__all__ = ["GlobalSuffixCache", "SuffixConfig", "SuffixRow", "suffix_tree_step"]
+
+
+def _native():
+    try:
+        from .. import _suffix
+    except ImportError as e:  # pragma: no cover - a build without the module
+        raise ImportError("drafter='suffix' needs specdec_ext._suffix (built by setup.py with the package); "
+                          f"rebuild the package: {e}") from e
+    return _suffix
+
+
+@dataclass(frozen=True)
+class SuffixConfig:
+    """Settings of suffix drafting.
+
+    max_depth           : int >= 1, the longest pattern matched and indexed (vLLM's default 24)
+    factor, offset      : a draft has at most floor(factor * match_length + offset) tokens
+                          (and at most the engine's K); factor >= 0
+    min_prob            : float in [0, 1], candidates whose probability is below are dropped
+    max_cached_requests : int >= 0, outputs kept in the global index (FIFO eviction; 0 = none)
+    tree                : propose trees (best-first by probability, verify_tree) instead of chains
+    """
+
+    max_depth: int = 24
+    factor: float = 1.0
+    offset: float = 0.0
+    min_prob: float = 0.1
+    max_cached_requests: int = 256
+    tree: bool = False
+
+    def __post_init__(self) -> None:
+        check_int("max_depth", self.max_depth, 1)
+        check_int("max_cached_requests", self.max_cached_requests, 0)
+        for name in ("factor", "offset", "min_prob"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or abs(v) == float("inf"):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
+        if self.factor < 0:
+            raise ValueError(f"factor must be >= 0, got {self.factor!r}")
+        if not 0.0 <= self.min_prob <= 1.0:
+            raise ValueError(f"min_prob must be in [0, 1], got {self.min_prob!r}")
+        if not isinstance(self.tree, bool):
+            raise TypeError(f"tree must be a bool, got {type(self.tree).__name__}")
+
+
+class GlobalSuffixCache:
+    """The engine's index of earlier outputs: at most ``max_cached_requests`` sequences,
+    the oldest evicted first. ``seconds``: time spent updating and querying it and the
+    per-request indexes of its rows (the proposal cost)."""
+
+    def __init__(self, config: SuffixConfig) -> None:
+        self.config = config
+        self.index = _native().SuffixIndex(config.max_depth)
+        self._order: deque = deque()
+        self._next_id = 0
+        self.seconds = 0.0
+
+    def start(self) -> Optional[int]:
+        """A new output sequence (its id), evicting the oldest past the bound; None when the
+        bound is 0."""
+        if self.config.max_cached_requests == 0:
+            return None
+        while len(self._order) >= self.config.max_cached_requests:
+            self.index.remove(self._order.popleft())
+        sid, self._next_id = self._next_id, self._next_id + 1
+        self.index.add_sequence(sid)
+        self._order.append(sid)
+        return sid
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+class SuffixRow:
+    """One row's drafter (the interface of :class:`.ngram.NgramIndex`: ``extend``, ``propose``).
+    The first ``extend`` is the prompt; later ones are outputs (also appended to the global index)."""
+
+    def __init__(self, cache: GlobalSuffixCache, prompt: Sequence[int]) -> None:
+        self.cache, self.config = cache, cache.config
+        self.local = _native().SuffixIndex(self.config.max_depth)
+        self.local.add_sequence(0)
+        self.text: List[int] = []
+        self.gid: Optional[int] = None
+        self._prompt_done = False
+        self.extend(prompt)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        t0 = time.perf_counter()
+        tokens = [int(t) for t in tokens]
+        self.local.append(0, tokens)
+        self.text.extend(tokens)
+        if self._prompt_done:
+            if self.gid is None and tokens:
+                self.gid = self.cache.start()
+            if self.gid is not None and self.cache.index.has_sequence(self.gid):  # not evicted meanwhile
+                self.cache.index.append(self.gid, tokens)
+        self._prompt_done = True
+        self.cache.seconds += time.perf_counter() - t0
+
+    def propose_tree(self, k: int) -> Tuple[List[int], List[int], List[float]]:
+        """The best draft of at most ``k`` nodes: (tokens, parents (-1 = after the row's
+        last token), probs); a chain unless the config asks for trees."""
+        t0 = time.perf_counter()
+        c = self.config
+        context = self.text[-c.max_depth:]
+        best = None
+        if k > 0:
+            for index in (self.local, self.cache.index):  # ties to the per-request index
+                d = index.propose(context, k, c.factor, c.offset, c.min_prob, c.tree)
+                if d[0] and (best is None or d[3] > best[3]):
+                    best = d
+        self.cache.seconds += time.perf_counter() - t0
+        return (list(best[0]), list(best[1]), list(best[2])) if best is not None else ([], [], [])
+
+    def propose(self, k: int) -> List[int]:
+        """The chain draft (at most k tokens) for the engine's chain path."""
+        return self.propose_tree(k)[0]
+
+
+def _tree_batch(trees, last: Sequence[int]):
+    """Per-row drafts -> (tree_ids int64 [B, N], parents int64 [B, N], depth): node 0 the
+    row's last token, then its draft's nodes (parent p -> p + 1); rows with fewer nodes are
+    padded with children of the root repeating the row's first candidate (a repeated
+    deterministic candidate is never accepted twice: verify_tree zeroes it after a rejection)."""
+    N = 1 + max((len(t[0]) for t in trees), default=0)
+    ids, par, depth = [], [], 0
+    for b, (tokens, parents, _) in enumerate(trees):
+        d = [0] * (len(tokens) + 1)
+        for i, p in enumerate(parents):
+            d[i + 1] = d[p + 1] + 1
+        depth = max(depth, max(d))
+        pad = N - 1 - len(tokens)
+        ids.append([last[b]] + list(tokens) + [tokens[0] if tokens else 0] * pad)
+        par.append([-1] + [p + 1 for p in parents] + [0] * pad)
+    return torch.tensor(ids, dtype=torch.int64), torch.tensor(par, dtype=torch.int64), depth
+
+
+def suffix_tree_step(engine, run, sync) -> None:
+    """One suffix-tree step (no draft model): every active row proposes a tree of at most
+    min(k, its token budget - 1, the caches' room) nodes -> the target scores every node in
+    one ``forward_tree`` -> :func:`specdec_ext.verify_tree` with deterministic candidates
+    -> the target cache keeps the accepted path (``compact``) -> commit and roll back as a
+    chain of K = the step's depth."""
+    from .timing import make_timer
+
+    t0 = time.perf_counter()
+    timer = make_timer(engine.device)
+    B = len(run.prompts)
+    room = run.active_room()
+    with sync:
+        timer.mark()
+        trees = [run.ngram[b].propose_tree(max(0, min(engine.k_max, run.max_new_tokens - len(run.generated[b]) - 1,
+                                                      room)))
+                 if run.active[b] else ([], [], []) for b in range(B)]
+        ids, parents, depth = _tree_batch(trees, run.last_tokens())
+        N = ids.shape[1]
+        engine._trim_finished(run, N)
+        ids, parents = engine._to_device(ids), engine._to_device(parents)
+        timer.mark()
+        logits = engine.target.forward_tree(ids, TreeNodes(parents))
+        timer.mark()
+        result, packed = verify_tree_phase(logits, ids, parents, None, run.sampling, run.keys.verify(run.step), depth)
+        timer.mark()
+        _, path, num_accepted, valid = result
+        engine.target.compact(N, path, torch.where(valid, num_accepted + 1, 0))
+    rows = packed.cpu().tolist()  # the step's ONE device -> host copy
+    check_rows(rows, depth, run.active, run.step)
+    commits = commit_step(rows, depth, run.active, run.pending, [len(g) for g in run.generated],
+                          run.max_new_tokens, run.eos, ["idle"] * B)
+    drop_entries(engine.target, [N - (c.kept_target if c else 0) for c in commits])
+    run.apply(commits, depth)
+    run.last = engine._to_device(torch.tensor(run.last_tokens(), dtype=torch.int64))
+    engine._account(run, depth, commits, timer.read(), time.perf_counter() - t0, width=N)
