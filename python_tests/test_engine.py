@@ -40,7 +40,8 @@ def _three_token_run(temperature, adaptive, seed=11):
     return out, _bigram_law(target_t, temperature, [x0], 3)
 
 
-@pytest.mark.parametrize("temperature,adaptive", [(0.7, False), (1.3, False), (1.0, "threshold")])
+@pytest.mark.parametrize("temperature,adaptive", [(0.7, False), (1.3, False), (1.0, "threshold"),
+                                                  (0.9, "budget")])
 def test_first_three_tokens_follow_the_target_exactly(temperature, adaptive):
     """The joint law of the first three generated tokens equals the target's, enumerated
     exactly (chi-square at ALPHA, 216 cells), with steps that really draft K >= 2 (deeper

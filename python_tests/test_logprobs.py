@@ -307,3 +307,51 @@ def test_token_logprobs_opcheck_and_compile():
     got, ref = compiled(x, draft), f(x, draft)
     assert all(torch.equal(a, b) for a, b in zip(got[0], ref[0]))
     torch.testing.assert_close(got[1].token_logprobs, ref[1].token_logprobs, equal_nan=True, rtol=0, atol=0)
+
+
+def _same_bits(a, b):
+    """Tensors equal bit for bit (NaN where NaN, and the sign of zero)."""
+    return a.shape == b.shape and torch.equal(a.view(torch.int32) if a.dtype == torch.float32 else a,
+                                              b.view(torch.int32) if b.dtype == torch.float32 else b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+def test_logprobs_independent_of_thread_split(variant, dtype, mode):
+    """The CPU op splits a position's vocabulary across threads when positions are fewer than
+    threads (logprob_kernels.h): every output is the same bits with 1 thread or 2, and for a
+    row alone (split) or in a batch of 4 (one thread per row). V spans several shards and a
+    ragged last tile; row 2 is greedy under the processed law, row 3 filtered (one-thread
+    stats, split rank pass), row 1 has ties at the top-n boundary, row 0 is peaked."""
+    if variant == "cuda":
+        pytest.skip("a CPU kernel property")
+    B, V, n = 4, 3 * 8 * 1024 + 517, 7
+    g = torch.Generator().manual_seed(11)
+    logits = (torch.randn(B, 1, V, generator=g) * 3).to(dtype)
+    logits[1, 0, ::5] = logits[1, 0].float().max()  # many ties at the top
+    # row 0 peaked (sum of exponentials ~1.5): a one-ulp change of the sum shows in log(sum),
+    # so a sum that is not the canonical tile tree of the whole row fails the comparison
+    logits[0, 0] = (torch.randn(V, generator=g) - 11.3).to(dtype)
+    logits[0, 0, 777] = 0.0
+    tokens = torch.randint(0, V, (B, 1), generator=g)
+    temps = torch.tensor([0.8, 1.0, 0.0, 1.3])
+    top_k = torch.tensor([0, 0, 0, 40])
+    top_p = torch.tensor([1.0, 1.0, 1.0, 0.9])
+    processed = mode == "processed"
+
+    def run(rows, threads):
+        old = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return torch.ops.specdec.logprobs(logits[rows], tokens[rows], temps[rows], top_k[rows], top_p[rows], None,
+                                              n, processed, False)
+        finally:
+            torch.set_num_threads(old)
+
+    ref = run(slice(None), 1)
+    for rows, threads in [(slice(None), 2)] + [(slice(b, b + 1), t) for b in range(B) for t in (1, 2)]:
+        got = run(rows, threads)
+        for name, a, r in zip(["token_logprobs", "ranks", "top_ids", "top_logprobs"], got, ref):
+            assert _same_bits(a, r[rows]), (name, rows, threads)
+    if not processed:  # and right: the float64 law
+        _check(run(slice(0, 1), 2), logits[:1], tokens[:1], n, False, temps[:1], {}, atol=1e-4)

@@ -122,9 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"timed rounds, each one speculative and one target-only run, interleaved; the "
                          f"summary gives the median speedup and its spread (default: {DEFAULT_ROUNDS})")
     ap.add_argument("--k", type=int_in(0), default=5, help="drafts per step (the maximum when adapting)")
-    ap.add_argument("--adaptive", nargs="?", const="cost", default=None, choices=["cost", "threshold"],
+    ap.add_argument("--adaptive", nargs="?", const="cost", default=None, choices=["cost", "threshold", "budget"],
                     help="adapt K in [0, k] by the expected speedup from alpha and the measured step costs "
-                         "(default: cost), or by 'threshold' (the simple rule); not with --fixed-k")
+                         "(default: cost, per row), by 'threshold' (the simple rule), or by 'budget' (one "
+                         "batch-wide plan of every row's K, engine/budget.py); not with --fixed-k")
     ap.add_argument("--fixed-k", action="store_true", help="always draft exactly --k tokens (no adaptation)")
     ap.add_argument("--drafter", choices=["model", "ngram", "hybrid", "suffix"], default=None,
                     help="where drafts come from: the draft model, prompt lookup (n-gram) in the prompt and "

@@ -56,6 +56,7 @@ from ..errors import CacheFullError, OutOfBlocksError
 from ..models.adapt import adapt
 from ..ops._args import verify_mode_arg
 from .adaptive_k import PerRowK, StepCosts, hinted_costs
+from .budget import BudgetPolicy
 from .commit import commit_step
 from .inputs import SamplingArgs, check_eos, check_filters, check_prompts, check_seed, check_temperature_rows
 from .metrics import SpecDecMetrics
@@ -71,7 +72,8 @@ from .tree import TREE_MODES, TreeShape, choose_depth, compact_caches, draft_ent
 
 __all__ = ["SpeculativeEngine"]
 
-_POLICIES = {True: "cost", False: "fixed", "cost": "cost", "fixed": "fixed", "threshold": "threshold"}
+_POLICIES = {True: "cost", False: "fixed", "cost": "cost", "fixed": "fixed", "threshold": "threshold",
+             "budget": "budget"}
 _DRAFTERS = ("auto", "model", "ngram", "hybrid", "suffix")
 
 
@@ -107,12 +109,15 @@ class SpeculativeEngine:
         owns a KV cache).
     k : int >= 0
         Drafts per step (the maximum when adaptive). 0 = plain decoding with the target.
-    adaptive_k : bool | 'fixed' | 'cost' | 'threshold'
+    adaptive_k : bool | 'fixed' | 'cost' | 'threshold' | 'budget'
         False/'fixed': always k. True/'cost': each row's acceptance estimate and a cost
         model choose that row's K in [0, k] to maximise its expected tokens per second
         (greedy / coupled rows: one K for all of them, maximising their summed rate, or
         the largest K another row chose when that is larger).
         'threshold': a row's alpha below 40% -> K = 2, back to k when it recovers.
+        'budget': one batch-wide plan (:mod:`.budget`) gives every row its K so that the
+        step's expected emitted tokens per second is highest (at B = 1: 'cost'); exact law
+        for every row, but a T > 0 row's text (exact mode) then depends on its batch.
     metrics : SpecDecMetrics, optional
         Prometheus metrics to update each step.
     pad_token_id : int, optional
@@ -168,7 +173,7 @@ class SpeculativeEngine:
         draft, self.drafter = _drafter(draft, drafter)
         if not isinstance(adaptive_k, (bool, str)) or adaptive_k not in _POLICIES:
             raise (ValueError if isinstance(adaptive_k, str) else TypeError)(
-                f"adaptive_k must be True, False, 'fixed', 'cost' or 'threshold', got {adaptive_k!r}")
+                f"adaptive_k must be True, False, 'fixed', 'cost', 'threshold' or 'budget', got {adaptive_k!r}")
         self.policy_kind = _POLICIES[adaptive_k]
         self.target = adapt(target)
         self.draft = None if draft is None else adapt(draft)
@@ -313,7 +318,9 @@ class SpeculativeEngine:
 
     def _policy(self, temps: torch.Tensor) -> PerRowK:
         """Per-row K; greedy rows, and every row in coupled mode, share one choice (their
-        text does not depend on K). temps: Tensor [B] float32 CPU."""
+        text does not depend on K); 'budget': one plan for every row. temps: Tensor [B] float32 CPU."""
+        if self.policy_kind == "budget":
+            return BudgetPolicy(self.k_max)
         shared = range(len(temps)) if self.coupled else (temps == 0).nonzero().flatten().tolist()
         return PerRowK(self.policy_kind, self.k_max, len(temps), frozenset(shared))
 
