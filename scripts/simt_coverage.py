@@ -22,7 +22,9 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: device primitives the kernels share (no op of their own in the op table)
-SHARED_KERNEL_FILES = ("csrc/cuda/block_reduce.cuh", "csrc/cuda/tile_stats.cuh")
+SHARED_KERNEL_FILES = ("csrc/cuda/block_reduce.cuh", "csrc/cuda/filter_stage.cuh", "csrc/cuda/grid_loop.cuh",
+                       "csrc/cuda/race.cuh", "csrc/cuda/row_stats.cuh", "csrc/cuda/tile_stats.cuh",
+                       "csrc/cuda/token_decision.cuh", "csrc/cuda/token_load.cuh")
 
 
 def kernel_files() -> tuple:

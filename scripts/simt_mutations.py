@@ -34,11 +34,11 @@ MUTATIONS = [
      "  if (lane == 0) scratch[warp] = v;\n  __syncthreads();\n",
      "  if (lane == 0) scratch[warp] = v;\n", TESTS),
     ("loop bound widened by one (merge_stat_blocks reads one stat block past the row)",
-     "csrc/cuda/sampling_kernels.cuh",
+     "csrc/cuda/row_stats.cuh",
      "tree.push(warp_tree(k < nblk ? blocks[k]",
      "tree.push(warp_tree(k <= nblk ? blocks[k]", TESTS),
     ("wrong shuffle offset (warp_sum: the tile sums of the coarse race)",
-     "csrc/cuda/sampling_kernels.cuh",
+     "csrc/cuda/race.cuh",
      "for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);",
      "for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m >> 1);", TESTS),
     ("descending butterfly (warp_tree: the stat blocks merge in another tree than the tiles' dyadic tree, "

@@ -68,7 +68,7 @@ inline bool vector_ok(const void* base, int64_t elem, int64_t V, int64_t stride_
   return (bits & 15u) == 0;
 }
 
-// ---- the workspace of the staged kernels (Ws: sampling_kernels.cuh's Workspace) ------------------------------------------
+// ---- the workspace of the staged kernels (Ws: token_decision.cuh's Workspace) ---------------------------------------------
 // Sub-buffers (bytes, each a multiple of 256); a zero-sized one is not used (its
 // Workspace pointer stays null). The real launcher carves them out of one
 // allocation at the running offsets; the SIMT build allocates each on its own, so
@@ -90,7 +90,7 @@ struct WorkspaceLayout {
   }
 };
 
-// Points the buffers of W (sampling_kernels.cuh: Workspace) at what
+// Points the buffers of W (token_decision.cuh: Workspace) at what
 // `alloc(layout, buffer)` returns (char*) for each non-empty buffer.
 template <typename Ws, typename Alloc>
 void bind_workspace(const WorkspaceLayout& L, Alloc&& alloc, Ws& W) {

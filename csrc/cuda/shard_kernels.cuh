@@ -1,9 +1,9 @@
 // CUDA kernels of the local steps of vocabulary-parallel verify / sample (core/shard_math.h,
-// ShardPlan::pairs): the single-device kernels' own helpers (sampling_kernels.cuh: the
-// canonical tile pairs of tile_stats.cuh, token_weights, the filter passes, the race keys) run
-// on one shard [lo, hi) of the vocabulary, so that on tile-aligned shards every value a rank
-// sends is the value the single-device kernel computes for the same tokens. No torch here;
-// shard_launch.cuh launches them.
+// ShardPlan::pairs): the single-device kernels' own helpers (the canonical tile pairs of
+// tile_stats.cuh, token_weights and the race keys of race.cuh, the filter passes of
+// filter_stage.cuh) run on one shard [lo, hi) of the vocabulary, so that on tile-aligned
+// shards every value a rank sends is the value the single-device kernel computes for the
+// same tokens. No torch here; shard_launch.cuh launches them.
 //
 // shard_step_kernel: one 256-thread block per (row b, position i), grid-stride; every branch
 // depends on (b, i) and the gathered outputs only, so it is block-uniform (barriers inside).
@@ -26,8 +26,23 @@
 // tokens 128 t + 4 l .. + 3 of global tile t (16-bit stats: 128 t + 8 (l % 16) .. + 7), as the
 // single-device kernels do, so the Philox keys (tile / part and token ids) are the global ones.
 #pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../core/filter_math.h"
+#include "../core/rng.h"
 #include "../core/shard_math.h"
-#include "sampling_kernels.cuh"
+#include "../core/verify_math.h"
+#include "block_reduce.cuh"
+#include "filter_stage.cuh"
+#include "grid_loop.cuh"
+#include "launch_plan.h"
+#include "race.cuh"
+#include "row_stats.cuh"
+#include "shared_memory.cuh"
+#include "tile_stats.cuh"
+#include "token_load.cuh"
 
 namespace specdec::cuda {
 

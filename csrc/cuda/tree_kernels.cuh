@@ -21,8 +21,20 @@
 // warp order of block_reduce), so results do not depend on the thread schedule;
 // they may differ from the CPU kernel's in the last bits (a near-tie can flip).
 #pragma once
-#include "sampling_kernels.cuh"
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../core/filter_math.h"
+#include "../core/rng.h"
 #include "../core/tree_params.h"
+#include "../core/verify_math.h"
+#include "block_reduce.cuh"
+#include "launch_plan.h"
+#include "race.cuh"
+#include "shared_memory.cuh"
+#include "tile_stats.cuh"
+#include "token_load.cuh"
 
 namespace specdec::cuda {
 
