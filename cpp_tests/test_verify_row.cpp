@@ -3,6 +3,7 @@
 // of its output law.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -153,6 +154,139 @@ TEST(ReferenceRow, DistributionMatchesClosedForm) {
   }
   ASSERT_EQ(cells, 7);
   EXPECT_LT(chi2, 22.46);
+}
+
+// ---- The helpers the kernels and verify_row_reference share, on their own ---------------------
+// test_native_reference compares the kernels with the scalar reference, which calls the same
+// shifted_exp, ratio_test_accepts, residual_weight, race and exponential helpers: a bug in one of
+// them is invisible there. Each is checked here against a float64 formula written out below
+// (issue 35 item 10), at tolerances from float32 rounding of its inputs' operations.
+
+// 2^-23 (float32's unit roundoff is half of it)
+constexpr double kEps = 1.0 / 8388608.0;
+
+TEST(SharedHelpers, ShiftedExpIsExpOfTheScaledGap) {
+  std::mt19937 gen(1);
+  std::uniform_real_distribution<float> logit(-30.0f, 30.0f), log10_t(-3.0f, 3.0f);
+  for (int i = 0; i < 200000; ++i) {
+    const float a = logit(gen), b = logit(gen), x = std::min(a, b), m = std::max(a, b);
+    const float inv_t = 1.0f / std::pow(10.0f, log10_t(gen));  // T in [1e-3, 1e3]
+    const double arg = (double(x) - double(m)) * double(inv_t);
+    const double want = std::exp(arg);
+    // (x - m) and the product each round once (relative kEps / 2), exp once more; 2e-45: the
+    // denormal float32 range's absolute rounding
+    const double tol = want * kEps * (2.0 + 2.0 * std::abs(arg)) + 2e-45;
+    ASSERT_NEAR(shifted_exp(x, m, inv_t), want, tol) << "x=" << x << " m=" << m << " inv_t=" << inv_t;
+    ASSERT_EQ(shifted_exp(m, m, inv_t), 1.0f);
+  }
+}
+
+// The ratio test accepts draft x with probability min(1, p(x) / q(x)), p(x) = e / s: over an
+// even grid of N uniforms (u_k = (k + 0.5) / N, as uniform_open01 makes them for N = 2^23) the
+// accepted fraction is that probability to within 1 / N, and each decision is the float64
+// comparison u < p / q away from the boundary.
+TEST(SharedHelpers, RatioTestAcceptsWithProbabilityMinOfOneAndPOverQ) {
+  std::mt19937 gen(2);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f), sum(1.0f, 50.0f);
+  const int N = 4096;
+  for (int c = 0; c < 2000; ++c) {
+    const float e = unit(gen), s = sum(gen), q = c % 10 == 0 ? 1.0f : std::max(unit(gen), 1e-6f);
+    const double ratio = (double(e) / double(s)) / double(q);
+    int accepted = 0;
+    for (int k = 0; k < N; ++k) {
+      const float u = float((k + 0.5) / N);
+      const bool got = ratio_test_accepts(u, q, s, e);
+      accepted += got;
+      if (std::abs(double(u) - ratio) > 4 * kEps * std::max(ratio, double(u))) {
+        ASSERT_EQ(got, double(u) < ratio) << "u=" << u << " q=" << q << " s=" << s << " e=" << e;
+      }
+    }
+    ASSERT_NEAR(double(accepted) / N, std::min(1.0, ratio), 2.0 / N) << "q=" << q << " s=" << s << " e=" << e;
+  }
+  EXPECT_FALSE(ratio_test_accepts(uniform_open01(0u), 1.0f, 1.0f, 0.0f));  // p = 0: never
+  EXPECT_TRUE(ratio_test_accepts(uniform_open01(~0u), 0.25f, 2.0f, 0.5f));  // p == q: always
+}
+
+// The residual law max(0, p - q) / sum of one row, p = softmax(logits / T) from shifted_exp
+// and the row's sum, against float64 throughout; and the weighted form of block verification.
+TEST(SharedHelpers, ResidualWeightIsThePositivePartOfPMinusQ) {
+  std::mt19937 gen(3);
+  std::normal_distribution<float> logit(0.0f, 2.0f);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f), scale(0.0f, 3.0f);
+  const int V = 9;
+  for (int c = 0; c < 20000; ++c) {
+    float x[V], q[V];
+    double ex[V], qsum = 0, es = 0;
+    float m = -kInf;
+    for (int v = 0; v < V; ++v) x[v] = logit(gen), q[v] = unit(gen), m = std::max(m, x[v]), qsum += q[v];
+    for (int v = 0; v < V; ++v) q[v] = float(q[v] / qsum), ex[v] = std::exp(double(x[v]) - double(m)), es += ex[v];
+    float e[V], s = 0.0f;
+    for (int v = 0; v < V; ++v) e[v] = shifted_exp(x[v], m, 1.0f), s += e[v];
+    const float inv_s = 1.0f / s, sc = scale(gen);
+    double want[V], got[V], wz = 0, gz = 0;
+    for (int v = 0; v < V; ++v) {
+      const double p = ex[v] / es;
+      want[v] = std::max(0.0, p - double(q[v]));
+      got[v] = residual_weight(e[v], inv_s, q[v]);
+      // e (relative (1 + |x - m| / 2) kEps), s (V additions), 1 / s and the product round, the
+      // difference once more: (2 V + 16) kEps of p + q bounds them for these logits
+      ASSERT_NEAR(got[v], want[v], (2 * V + 16) * kEps * (p + q[v])) << "v=" << v;
+      const double w_scaled = std::max(0.0, double(sc) * p - double(q[v]));
+      ASSERT_NEAR(scaled_residual_weight(e[v], inv_s, sc, q[v]), w_scaled, (2 * V + 17) * kEps * (sc * p + q[v]));
+      ASSERT_EQ(scaled_residual_weight(e[v], inv_s, 1.0f, q[v]), residual_weight(e[v], inv_s, q[v]));
+      wz += want[v], gz += got[v];
+    }
+    for (int v = 0; v < V && wz > 0.05; ++v) ASSERT_NEAR(got[v] / gz, want[v] / wz, 1e-3) << "residual law, v=" << v;
+  }
+}
+
+// Exp(1) from 23 bits: each of the 2^23 values is -log((k + 0.5) / 2^23) (float64), so over all
+// of them the exponential has mean 1 and P(E > x) = exp(-x) to within the grid's 2^-23.
+TEST(SharedHelpers, RaceExponentialsAreExpOneOnTheUniformGrid) {
+  const uint32_t n = 1u << 23;
+  const double xs[] = {0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0};
+  double mean = 0.0, above[7] = {};
+  for (uint32_t k = 0; k < n; ++k) {
+    const uint32_t bits = (k << 9) | (k * 2654435761u >> 23);  // the low 9 bits are ignored
+    const double u = (double(k) + 0.5) / n;
+    ASSERT_EQ(uniform_open01(bits), float(u));
+    const float E = exponential_from_bits(bits);
+    ASSERT_NEAR(E, -std::log(u), 2 * kEps * -std::log(u) + 1e-20) << "k=" << k;
+    mean += E;
+    for (int i = 0; i < 7; ++i) above[i] += E > xs[i];
+  }
+  EXPECT_NEAR(mean / n, 1.0, 1e-5);
+  for (int i = 0; i < 7; ++i) EXPECT_NEAR(above[i] / n, std::exp(-xs[i]), 2.0 / n) << "x=" << xs[i];
+}
+
+// race_better / race_merge keep the highest key, ties to the lowest index, whatever the order
+// of the candidates and of the merges: against a plain scan written here.
+TEST(SharedHelpers, RaceMergeKeepsTheHighestKeyLowestIndexInAnyOrder) {
+  std::mt19937 gen(4);
+  for (int c = 0; c < 5000; ++c) {
+    const int n = 1 + int(gen() % 40);
+    std::vector<RaceBest> entries(n);
+    for (int i = 0; i < n; ++i) entries[i] = RaceBest{float(gen() % 6) * 0.5f, int64_t(gen() % 1000)};
+    std::shuffle(entries.begin(), entries.end(), gen);
+    RaceBest scan = race_empty();
+    for (const RaceBest& r : entries)
+      if (race_better(r.key, r.index, scan)) scan = r;
+    std::vector<RaceBest> level = entries;  // a merge tree, as the blocks' reductions build it
+    while (level.size() > 1) {
+      std::vector<RaceBest> next;
+      for (size_t i = 0; i + 1 < level.size(); i += 2) next.push_back(race_merge(level[i + 1], level[i]));
+      if (level.size() % 2) next.push_back(race_merge(level.back(), race_empty()));
+      level = next;
+    }
+    std::vector<RaceBest> sorted = entries;
+    std::sort(sorted.begin(), sorted.end(), [](const RaceBest& a, const RaceBest& b) {
+      return a.key > b.key || (a.key == b.key && a.index < b.index);
+    });
+    for (const RaceBest& got : {scan, level[0]}) {
+      ASSERT_EQ(got.key, sorted[0].key);
+      ASSERT_EQ(got.index, sorted[0].index);
+    }
+  }
 }
 
 }  // namespace

@@ -214,3 +214,98 @@ def test_tree_greedy_text_is_the_target_only_text(capsys):
 def test_tree_errors_are_one_line(capsys, argv, msg):
     rc, _, err = _main(capsys, "--prompt", "x", *argv)
     assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+
+
+# ---------------------------------------------------------------- flags reach the engine
+@pytest.fixture
+def runs(monkeypatch):
+    """Every SpeculativeEngine.generate call after it returns: (engine, keyword arguments,
+    output); the speculative engine has k_max > 0, the target-only baseline k_max == 0."""
+    calls = []
+    real = SpeculativeEngine.generate
+
+    def recorded(self, input_ids, max_new_tokens, *a, **kw):
+        out = real(self, input_ids, max_new_tokens, *a, **kw)
+        calls.append((self, kw, out))
+        return out
+
+    monkeypatch.setattr(SpeculativeEngine, "generate", recorded)
+    return calls
+
+
+PROMPT = ["--prompt-ids", "3", "17", "5", "3", "17", "5", "3", "--max-new-tokens", "10", "--no-progress"]
+
+
+def test_eos_id_stops_the_text_at_that_token(capsys, runs):
+    """--eos-id X: generation stops right after the first X (the id is passed to every timed
+    run); without it (--ignore-eos) the same greedy text runs the whole budget."""
+    rc, _, err = _main(capsys, *PROMPT, "--ignore-eos", "--rounds", "1")
+    assert rc == 0, err
+    full = runs[-1][2].generated[0]
+    assert len(full) == 10 and all(kw["eos_token_id"] is None for _, kw, _ in runs[2:])
+    eos = full[3]
+    runs.clear()
+    rc, _, err = _main(capsys, *PROMPT, "--eos-id", str(eos), "--rounds", "1")
+    assert rc == 0, err
+    timed = runs[2:]  # after the two warm-ups: one speculative and one target-only run
+    assert len(timed) == 2 and all(kw["eos_token_id"] == eos for _, kw, _ in timed)
+    stop = full.index(eos) + 1
+    for _, _, out in timed:
+        assert out.generated[0] == full[:stop], (out.generated[0], full)
+
+
+def test_max_ngram_sets_the_longest_match(capsys, runs, monkeypatch):
+    """--max-ngram N: every row's prompt-lookup index matches suffixes of at most N tokens."""
+    import specdec_ext.engine.engine as engine_module
+
+    made = []
+    real = engine_module.NgramIndex
+    monkeypatch.setattr(engine_module, "NgramIndex", lambda n: made.append(n) or real(n))
+    for n in (1, 5):
+        made.clear()
+        rc, _, err = _main(capsys, *PROMPT, "--max-ngram", str(n), "--no-baseline")
+        assert rc == 0, err
+        assert made and set(made) == {n}
+        assert {eng.max_ngram for eng, _, _ in runs if eng.k_max > 0} >= {n}
+
+
+@pytest.mark.parametrize("mode", ["sampled", "topk"])
+def test_tree_mode_reaches_the_engine_and_keeps_greedy_text(capsys, runs, mode):
+    """--tree-mode sampled|topk: the engine drafts its trees that way; at T = 0 both give the
+    target-only text (the timed speculative run against the timed baseline run)."""
+    rc, _, err = _main(capsys, *PROMPT, "--tree", "2", "2", "--tree-mode", mode, "--rounds", "1")
+    assert rc == 0, err
+    spec = [(eng, out) for eng, _, out in runs[2:] if eng.k_max > 0]
+    base = [out for eng, _, out in runs[2:] if eng.k_max == 0]
+    assert len(spec) == 1 and len(base) == 1
+    assert spec[0][0].tree_sampled == (mode == "sampled") and spec[0][0].tree is not None
+    assert spec[0][1].generated[0] == base[0].generated[0]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_dtype_loads_both_models_in_that_dtype(capsys, runs, monkeypatch, dtype):
+    """--dtype bfloat16|float16: the target and the draft are loaded in it and the run emits its
+    whole budget (--ignore-eos)."""
+    loaded = []
+    real = generate._load
+    monkeypatch.setattr(generate, "_load", lambda args: loaded.append(real(args)) or loaded[-1])
+    rc, out, err = _main(capsys, *PROMPT, "--dtype", dtype, "--drafter", "model", "--ignore-eos", "--no-baseline")
+    assert rc == 0, err
+    want = getattr(torch, dtype)
+    (target, draft), = loaded
+    for model in (target, draft):
+        assert {p.dtype for p in model.parameters()} == {want}
+    assert " 10 tokens in" in out.splitlines()[-1]
+
+
+def test_device_cpu_places_the_models_there(capsys, monkeypatch):
+    """--device cpu (the default without CUDA, here given explicitly): the models live there."""
+    loaded = []
+    real = generate._load
+    monkeypatch.setattr(generate, "_load", lambda args: loaded.append((args.device, real(args))) or loaded[-1][1])
+    rc, out, err = _main(capsys, *PROMPT, "--device", "cpu", "--drafter", "model", "--no-baseline")
+    assert rc == 0, err
+    (device, (target, draft)), = loaded
+    assert device == "cpu"
+    for model in (target, draft):
+        assert {p.device.type for p in model.parameters()} == {"cpu"}

@@ -57,6 +57,26 @@ def _batch(prompts):
     return ids, mask
 
 
+@pytest.mark.parametrize("k", [3, 5])
+def test_token_budget_caps_k(pair, k):
+    """Far from the position limit the token budget caps K: a step drafts at most
+    max_new_tokens - generated - 1 tokens (it emits up to K + 1). The target drafts for itself
+    (every draft accepted), so each step's K is exactly min(k, that cap), and the cap binds at
+    the last step (max_new_tokens = 7: K = 3 then 2; K = 5 then 0)."""
+    target, _ = pair
+    new = 7
+    ids, mask = _batch(_prompts([5, 9], seed=4))
+    eng = SpeculativeEngine(reference_model(target), reference_model(target), k=k, adaptive_k=False)
+    out = eng.generate(ids, new, attention_mask=mask)
+    for s in out.stats:
+        done, want = 0, []
+        for e in s.emitted:
+            want.append(min(k, new - done - 1))
+            done += e
+        assert s.ks == want, (s.ks, s.emitted)
+        assert done == new and want[-1] < k  # the budget cap bound
+
+
 SPECS = [dict(k=3), dict(k=5), dict(tree=(3, 2)), dict(tree=(2,)), dict(tree=(2, 2, 2))]
 
 
@@ -89,3 +109,4 @@ def test_cap_binds_at_every_depth(pair, spec):
     out = eng.generate(ids, new, attention_mask=mask)
     for b, p in enumerate(prompts):
         assert out.generated[b] == _greedy(target, p, new), f"row {b}"
+

@@ -166,6 +166,42 @@ def test_after_tree_verification(device):
         assert torch.equal(kc[b, :, :n0], torch.zeros(H, n0, D, device=device))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_cache_after_tree_verification(device):
+    """The same step through PagedKVCache (2 layers, 4-slot blocks): prefixes of 0, 7 and 14
+    entries, a 6-node tree allocated and appended (across block borders), compact(seqs, 6,
+    path, count) then rollback_many(seqs, 6, count): each sequence then holds its prefix
+    unchanged followed by the path's entries, in every layer (the cache class's own step base
+    n - num_appended, which the op tests above pass in themselves)."""
+    from specdec_ext import PagedKVCache
+
+    gen = torch.Generator().manual_seed(5)
+    L, H, D, N, seqs, prefix = 2, 2, 8, 6, ["a", "b", "c"], [0, 7, 14]
+    cache = PagedKVCache(L, 24, 4, H, D, torch.float32, device=device, max_blocks_per_seq=6)
+    for s, n in zip(seqs, prefix):
+        cache.manager.add(s)
+        cache.allocate([s], n)
+    cache.key_cache.copy_(torch.randn(cache.key_cache.shape, generator=gen))
+    cache.value_cache.copy_(torch.randn(cache.value_cache.shape, generator=gen))
+    before = [cache.gather(layer, seqs) for layer in range(L)]
+    slots = cache.allocate(seqs, N)
+    tree = torch.randn(L, 2, len(seqs), N, H, D, generator=gen).to(device)  # [layer, k|v, B, N, H, D]
+    for layer in range(L):
+        cache.append(layer, tree[layer, 0].flatten(0, 1), tree[layer, 1].flatten(0, 1), slots)
+    path = torch.tensor([[0, 2, 3, 5], [0, 1, 4, -1], [0, -1, -1, -1]], device=device)
+    count = torch.tensor([4, 3, 1], device=device)
+    cache.compact(seqs, N, path, count)
+    cache.rollback_many(seqs, N, count)
+    assert [cache.length(s) for s in seqs] == [n + int(c) for n, c in zip(prefix, count)]
+    for layer in range(L):
+        for which, got in enumerate(cache.gather(layer, seqs)):
+            for b, n0 in enumerate(prefix):
+                c = int(count[b])
+                assert torch.equal(got[b, :, :n0], before[layer][which][b, :, :n0]), (layer, which, b)
+                assert torch.equal(got[b, :, n0:n0 + c], tree[layer, which, b][path[b, :c]].transpose(0, 1)), \
+                    (layer, which, b)
+
+
 # ---- kv_compact_: refused requests (CPU) ----------------------------------------------------
 
 BAD_ROWS = [  # (lengths, src_index row, count) of row B-1, the argument named
