@@ -9,7 +9,6 @@
 #include <c10/util/Exception.h>
 
 #include <optional>
-#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -88,10 +87,13 @@ void set_new_pair(const at::Tensor& new_k, const at::Tensor& new_v, const at::Te
   pair_layout(keep[0], keep[1], src, src_stride);
 }
 
-struct KVAppendLaunch {
-  KVAppendParams p;
+// A parameter block and the converted inputs it points into.
+template <typename Params>
+struct Launch {
+  Params p;
   std::vector<at::Tensor> keep_alive;
 };
+using KVAppendLaunch = Launch<KVAppendParams>;
 
 // kv_append_(key_cache [B,H,M,D], value_cache, new_k [B,H,S,D], new_v, lengths [B], overflow? [B])
 inline KVAppendLaunch prepare_kv_append(const at::Tensor& key_cache, const at::Tensor& value_cache,
@@ -138,10 +140,7 @@ inline KVRollbackParams prepare_kv_rollback(const at::Tensor& lengths, int64_t n
   return P;
 }
 
-struct PagedAppendLaunch {
-  PagedAppendParams p;
-  std::vector<at::Tensor> keep_alive;
-};
+using PagedAppendLaunch = Launch<PagedAppendParams>;
 
 // paged_kv_append_(key_cache [NB,BS,H,D], value_cache, new_k [T,H,D], new_v, slot_mapping [T], invalid? [])
 inline PagedAppendLaunch prepare_paged_append(const at::Tensor& key_cache, const at::Tensor& value_cache,
@@ -272,18 +271,15 @@ inline KVCompactParams prepare_paged_compact(const at::Tensor& key_cache, const 
   return P;
 }
 
-// paged_kv_gather = allocate the outputs + paged_kv_gather_into_ (`into`, the
-// backend's op), so each backend has one gather path. Argument errors are raised
-// by prepare_paged_gather before anything is allocated.
-template <typename Into>
-std::tuple<at::Tensor, at::Tensor> gather_by_allocating(const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                                        const at::Tensor& block_tables, const at::Tensor& lengths,
-                                                        int64_t max_len, Into into) {
+// paged_kv_gather's outputs {keys, values} [B, H, max_len, D] (cache dtype, contiguous), for
+// paged_kv_gather_into_ to fill, so each backend has one gather path. Argument errors are
+// raised by prepare_paged_gather before anything is allocated.
+inline std::vector<at::Tensor> allocate_gather_outputs(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                                       const at::Tensor& block_tables, const at::Tensor& lengths,
+                                                       int64_t max_len) {
   const PagedGatherParams P = prepare_paged_gather(key_cache, value_cache, block_tables, lengths, max_len);
-  at::Tensor keys = at::empty({P.B, P.H, max_len, key_cache.size(3)}, key_cache.options());
-  at::Tensor values = at::empty({P.B, P.H, max_len, value_cache.size(3)}, value_cache.options());
-  into(key_cache, value_cache, block_tables, lengths, keys, values);
-  return {keys, values};
+  return {at::empty({P.B, P.H, max_len, key_cache.size(3)}, key_cache.options()),
+          at::empty({P.B, P.H, max_len, value_cache.size(3)}, value_cache.options())};
 }
 
 // Gather outputs keys / values [B, H, max_len, D]: the cache's dtype and device, head dim

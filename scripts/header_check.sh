@@ -8,7 +8,7 @@
 #           Python, torch's nvidia/cu13 headers, CUDA; -DSPECDEC_WITH_CUDA=1).
 #   core17  csrc/core (framework-free): g++ -fsyntax-only -std=c++17 -I csrc, nothing else,
 #           as cpp_tests (CMakeLists.txt) compiles them: no torch, no CUDA header may creep in.
-#   simt    csrc/cuda (but launch_cuda.h), csrc/simt: host C++ through the SIMT emulation,
+#   simt    csrc/cuda (but launch_cuda.h and torch_backend.h, host mode), csrc/simt: host C++ through the SIMT emulation,
 #           g++ -fsyntax-only -std=c++20 -DSPECDEC_SIMT -I csrc/simt/include -I csrc
 #           (specdec_ext/testing/simt.py load(); torch's paths are left out on purpose:
 #           the kernel and emulator headers are torch-free).
@@ -74,6 +74,7 @@ modes_of() {
   case "$1" in
     simt/*) echo simt ;;
     cuda/launch_cuda.h) echo nvcc ;;  # the real-CUDA launch backend: no SIMT form
+    cuda/torch_backend.h) echo host ;;  # the op adapters' CUDA backend: torch side, no kernels
     cuda/*) echo simt nvcc ;;
     core/*) echo host core17 nvcc ;;
     *.cuh) echo simt nvcc ;;

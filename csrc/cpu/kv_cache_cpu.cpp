@@ -1,7 +1,9 @@
 // CPU kernels of the KV-cache ops: the index tensors are read ONCE into a host
 // snapshot, every row is validated on it (an invalid request raises ValueError
 // and writes nothing), then rows of D elements are copied with memcpy under
-// at::parallel_for using only the snapshot.
+// at::parallel_for using only the snapshot. The ops are adapters (op_adapters.h) on the CPU
+// backend (cpu_backend.h); the kernels are found by argument-dependent lookup in specdec::cpu
+// (hence static there, not in an unnamed namespace).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -17,18 +19,15 @@
 #include <vector>
 
 #include "../kv_args.h"
+#include "../op_adapters.h"
+#include "cpu_backend.h"
 
-namespace specdec {
-namespace {
+namespace specdec::cpu {
 
 // Rows per parallel_for chunk: about 64 KiB of copies.
-int64_t grain(int64_t row_bytes) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(row_bytes, 1)); }
+static int64_t grain(int64_t row_bytes) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(row_bytes, 1)); }
 
-void kv_append_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& new_k,
-                   const at::Tensor& new_v, const at::Tensor& lengths,
-                   const std::optional<at::Tensor>& overflow) {
-  kv::KVAppendLaunch L = kv::prepare_kv_append(key_cache, value_cache, new_k, new_v, lengths, overflow);
-  KVAppendParams& P = L.p;
+static void kv_append_kernel(Cpu, KVAppendParams& P) {
   const args::HostIndices len(P.lengths, P.B);
   for (int64_t b = 0; b < P.B; ++b) {
     const int64_t n = len[b];
@@ -48,9 +47,8 @@ void kv_append_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const at::Ten
   });
 }
 
-void kv_rollback_cpu(at::Tensor& lengths, int64_t num_appended, const at::Tensor& num_kept,
-                     const std::optional<at::Tensor>& invalid) {
-  KVRollbackParams P = kv::prepare_kv_rollback(lengths, num_appended, num_kept, invalid);
+static void kv_rollback_kernel(Cpu, KVRollbackParams& P) {
+  const int64_t num_appended = P.num_appended;
   std::vector<int64_t> out(P.B);
   for (int64_t b = 0; b < P.B; ++b) {
     const int64_t n = P.lengths.get(b), k = P.num_kept.get(b);
@@ -65,11 +63,7 @@ void kv_rollback_cpu(at::Tensor& lengths, int64_t num_appended, const at::Tensor
   for (int64_t b = 0; b < P.B; ++b) P.lengths.set(b, out[b]);
 }
 
-void paged_kv_append_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& new_k,
-                         const at::Tensor& new_v, const at::Tensor& slot_mapping,
-                         const std::optional<at::Tensor>& invalid) {
-  kv::PagedAppendLaunch L = kv::prepare_paged_append(key_cache, value_cache, new_k, new_v, slot_mapping, invalid);
-  PagedAppendParams& P = L.p;
+static void paged_append_kernel(Cpu, PagedAppendParams& P) {
   const args::HostIndices slots(P.slots, P.T);
   const int64_t num_slots = P.num_slots();
   std::vector<int64_t> used;
@@ -100,7 +94,7 @@ void paged_kv_append_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const a
 
 // Snapshots lengths and block_tables, validates every row on the snapshot
 // (raising before anything is written), then copies / zero-fills.
-void gather_cpu(PagedGatherParams P) {
+static void paged_gather_kernel(Cpu, PagedGatherParams& P) {
   const args::HostIndices len(P.lengths, P.B);
   const args::HostIndices table(P.table.entries, P.B, P.table.max_blocks);
   const int64_t capacity = P.table.capacity();
@@ -130,20 +124,8 @@ void gather_cpu(PagedGatherParams P) {
   });
 }
 
-void paged_kv_gather_into_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache,
-                              const at::Tensor& block_tables, const at::Tensor& lengths, at::Tensor& keys_out,
-                              at::Tensor& values_out) {
-  gather_cpu(kv::prepare_paged_gather_into(key_cache, value_cache, block_tables, lengths, keys_out, values_out));
-}
-
-std::tuple<at::Tensor, at::Tensor> paged_kv_gather_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                                       const at::Tensor& block_tables, const at::Tensor& lengths,
-                                                       int64_t max_len) {
-  return kv::gather_by_allocating(key_cache, value_cache, block_tables, lengths, max_len, &paged_kv_gather_into_cpu);
-}
-
 // Raises the error of a row that check_row refused, naming the argument (op: the op's name).
-void raise_compact_error(const KVCompactParams& P, const char* op, int64_t b, const CompactCheck& c) {
+static void raise_compact_error(const KVCompactParams& P, const char* op, int64_t b, const CompactCheck& c) {
   const int64_t n = P.lengths.get(b), j = c.j;
   const bool has_src = c.error != CompactError::kLength && c.error != CompactError::kCount;
   const int64_t s = has_src ? P.src.get(b, j) : 0;
@@ -177,7 +159,7 @@ void raise_compact_error(const KVCompactParams& P, const char* op, int64_t b, co
 
 // Paged: no slot may be written by one (row, position) and used by another: a forked row's
 // shared blocks must hold only positions the op does not touch (< lengths[b]).
-void check_compact_slots(const KVCompactParams& P, const char* op) {
+static void check_compact_slots(const KVCompactParams& P, const char* op) {
   struct Use {
     int64_t blk, off, row, pos;
     bool write;
@@ -217,9 +199,11 @@ void check_compact_slots(const KVCompactParams& P, const char* op) {
   }
 }
 
-// Snapshots lengths, count, src_index (and block_tables), validates every row on the
-// snapshot (raising before anything is written), then moves each (row, head) in order of j.
-void compact_cpu(KVCompactParams P, const char* op) {
+// kv_compact_ and paged_kv_compact_ (P.paged): snapshots lengths, count, src_index (and
+// block_tables), validates every row on the snapshot (raising before anything is written),
+// then moves each (row, head) in order of j.
+static void kv_compact_kernel(Cpu, KVCompactParams& P) {
+  const char* op = P.paged ? "paged_kv_compact_" : "kv_compact_";
   const args::HostIndices len(P.lengths, P.B), count(P.count, P.B);
   // The columns of src_index check_row can read: a row stops at count[b] (if <= P) or at the
   // first entry past the capacity (strictly increasing from 0: at entry capacity at the latest).
@@ -251,28 +235,10 @@ void compact_cpu(KVCompactParams P, const char* op) {
   });
 }
 
-void kv_compact_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& lengths,
-                    const at::Tensor& src_index, const at::Tensor& count, const std::optional<at::Tensor>& invalid) {
-  compact_cpu(kv::prepare_kv_compact(key_cache, value_cache, lengths, src_index, count, invalid), "kv_compact_");
-}
-
-void paged_kv_compact_cpu(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& block_tables,
-                          const at::Tensor& lengths, const at::Tensor& src_index, const at::Tensor& count,
-                          const std::optional<at::Tensor>& invalid) {
-  compact_cpu(kv::prepare_paged_compact(key_cache, value_cache, block_tables, lengths, src_index, count, invalid),
-              "paged_kv_compact_");
-}
-
-}  // namespace
+}  // namespace specdec::cpu
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
-  m.impl("kv_append_", &kv_append_cpu);
-  m.impl("kv_rollback_", &kv_rollback_cpu);
-  m.impl("paged_kv_append_", &paged_kv_append_cpu);
-  m.impl("paged_kv_gather", &paged_kv_gather_cpu);
-  m.impl("paged_kv_gather_into_", &paged_kv_gather_into_cpu);
-  m.impl("kv_compact_", &kv_compact_cpu);
-  m.impl("paged_kv_compact_", &paged_kv_compact_cpu);
+  using namespace specdec::ops;
+  register_ops<specdec::cpu::Backend, KvAppendOp, KvRollbackOp, PagedKvAppendOp, PagedKvGatherOp, PagedKvGatherIntoOp,
+               KvCompactOp, PagedKvCompactOp>(m);
 }
-
-}  // namespace specdec

@@ -53,13 +53,13 @@
 #include "shard_kernels.h"
 
 namespace specdec::cpu {
-void verify_avx2(const VerifyParams& P, DType tl, DType tq) { CPU_CAPABILITY::verify(P, tl, tq); }
-void verify_block_avx2(const VerifyParams& P, DType tl, DType tq) { CPU_CAPABILITY::verify_block(P, tl, tq); }
-void sample_avx2(const SampleParams& P, DType tl) { CPU_CAPABILITY::sample(P, tl); }
-void filtered_avx2(const SampleParams& P, DType tl) { CPU_CAPABILITY::filtered(P, tl); }
-void verify_tree_avx2(const TreeVerifyParams& P, DType tl, DType tq) { CPU_CAPABILITY::verify_tree(P, tl, tq); }
-void logprobs_avx2(const LogprobParams& P, DType tl) { CPU_CAPABILITY::logprobs(P, tl); }
-void verify_shard_avx2(const ShardParams& S, DType tl, DType tq) { CPU_CAPABILITY::verify_shard(S, tl, tq); }
+void verify_kernel(Avx2, const VerifyParams& P, DType tl, DType tq) { CPU_CAPABILITY::verify(P, tl, tq); }
+void verify_block_kernel(Avx2, const VerifyParams& P, DType tl, DType tq) { CPU_CAPABILITY::verify_block(P, tl, tq); }
+void sample_kernel(Avx2, const SampleParams& P, DType tl) { CPU_CAPABILITY::sample(P, tl); }
+void filtered_kernel(Avx2, const SampleParams& P, DType tl) { CPU_CAPABILITY::filtered(P, tl); }
+void verify_tree_kernel(Avx2, const TreeVerifyParams& P, DType tl, DType tq) { CPU_CAPABILITY::verify_tree(P, tl, tq); }
+void logprobs_kernel(Avx2, const LogprobParams& P, DType tl) { CPU_CAPABILITY::logprobs(P, tl); }
+void verify_shard_kernel(Avx2, const ShardParams& S, DType tl, DType tq) { CPU_CAPABILITY::verify_shard(S, tl, tq); }
 bool avx2_compiled() {
 #if defined(CPU_CAPABILITY_AVX2)
   static_assert(at::vec::CPU_CAPABILITY::Vectorized<float>::size() == 8, "AVX2 vectors expected");

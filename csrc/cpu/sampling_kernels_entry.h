@@ -1,9 +1,12 @@
-// Entry points of the two compiled copies of the CPU sampling kernels, and the
-// CPU element types of the dtype dispatch (core/dtype_dispatch.h).
+// Entry points of the CPU kernels, and the CPU element types of the dtype dispatch
+// (core/dtype_dispatch.h). The sampling kernels are compiled twice (sampling_kernels_default.cpp,
+// sampling_kernels_avx2.cpp); the instruction-set tag picks the copy, and the op adapters
+// (op_adapters.h) call <kernel>_kernel(tag, ...) with the tag cpu_backend.h chose.
 #pragma once
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include "../core/kv_cache.h"
 #include "../core/logprob_math.h"
 #include "../core/sampling_params.h"
 #include "../core/shard_math.h"
@@ -16,19 +19,23 @@ struct CpuTypes {
   using bf16 = c10::BFloat16;
 };
 
-void verify_default(const VerifyParams& P, DType logits_dtype, DType probs_dtype);
-void sample_default(const SampleParams& P, DType logits_dtype);
-void filtered_default(const SampleParams& P, DType logits_dtype);  // filtered_probs / mask_logits
-void verify_avx2(const VerifyParams& P, DType logits_dtype, DType probs_dtype);
-void verify_block_default(const VerifyParams& P, DType logits_dtype, DType probs_dtype);
-void verify_block_avx2(const VerifyParams& P, DType logits_dtype, DType probs_dtype);
-void sample_avx2(const SampleParams& P, DType logits_dtype);
-void filtered_avx2(const SampleParams& P, DType logits_dtype);
-void verify_tree_default(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
-void verify_tree_avx2(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
-void logprobs_default(const LogprobParams& P, DType logits_dtype);
-void verify_shard_default(const ShardParams& S, DType logits_dtype, DType probs_dtype);
-void logprobs_avx2(const LogprobParams& P, DType logits_dtype);
-void verify_shard_avx2(const ShardParams& S, DType logits_dtype, DType probs_dtype);
-bool avx2_compiled();  // false on non-x86 builds, where *_avx2 is the default code
+struct Cpu {};               // any instruction set (the KV kernels, kv_cache_cpu.cpp)
+struct Default : Cpu {};     // at::vec's DEFAULT width, any CPU
+struct Avx2 : Cpu {};        // AVX2 + FMA + F16C (the default code on non-x86 builds)
+
+void verify_kernel(Default, const VerifyParams& P, DType logits_dtype, DType probs_dtype);
+void verify_kernel(Avx2, const VerifyParams& P, DType logits_dtype, DType probs_dtype);
+void verify_block_kernel(Default, const VerifyParams& P, DType logits_dtype, DType probs_dtype);
+void verify_block_kernel(Avx2, const VerifyParams& P, DType logits_dtype, DType probs_dtype);
+void sample_kernel(Default, const SampleParams& P, DType logits_dtype);
+void sample_kernel(Avx2, const SampleParams& P, DType logits_dtype);
+void filtered_kernel(Default, const SampleParams& P, DType logits_dtype);  // filtered_probs / mask_logits / softmax
+void filtered_kernel(Avx2, const SampleParams& P, DType logits_dtype);
+void verify_tree_kernel(Default, const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
+void verify_tree_kernel(Avx2, const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
+void logprobs_kernel(Default, const LogprobParams& P, DType logits_dtype);
+void logprobs_kernel(Avx2, const LogprobParams& P, DType logits_dtype);
+void verify_shard_kernel(Default, const ShardParams& S, DType logits_dtype, DType probs_dtype);
+void verify_shard_kernel(Avx2, const ShardParams& S, DType logits_dtype, DType probs_dtype);
+bool avx2_compiled();  // false on non-x86 builds, where the Avx2 copy is the default code
 }  // namespace specdec::cpu

@@ -44,37 +44,37 @@ struct SeparateBuffers {
 
 }  // namespace
 
-void verify(const VerifyParams& P, DType logits_dtype, DType probs_dtype) {
+void verify_kernel(Simt, const VerifyParams& P, DType logits_dtype, DType probs_dtype) {
   SeparateBuffers ws;
   cuda::launch_verify(P, logits_dtype, probs_dtype, 0, nullptr, ws.allocator());
 }
 
-void sample(const SampleParams& P, DType logits_dtype) {
+void sample_kernel(Simt, const SampleParams& P, DType logits_dtype) {
   SeparateBuffers ws;
   cuda::launch_sample(P, logits_dtype, 0, nullptr, ws.allocator());
 }
 
-void filtered(const SampleParams& P, DType logits_dtype) {
+void filtered_kernel(Simt, const SampleParams& P, DType logits_dtype) {
   SeparateBuffers ws;
   cuda::launch_filtered(P, logits_dtype, 0, nullptr, ws.allocator());
 }
 
-void logprobs(const LogprobParams& P, DType logits_dtype) { cuda::launch_logprobs(P, logits_dtype, nullptr); }
+void logprobs_kernel(Simt, const LogprobParams& P, DType logits_dtype) { cuda::launch_logprobs(P, logits_dtype, nullptr); }
 
-void verify_shard(const ShardParams& S, DType logits_dtype, DType probs_dtype) {
+void verify_shard_kernel(Simt, const ShardParams& S, DType logits_dtype, DType probs_dtype) {
   cuda::launch_verify_shard(S, logits_dtype, probs_dtype, nullptr);
 }
 
-void verify_tree(const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype) {
+void verify_tree_kernel(Simt, const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype) {
   SeparateBuffers ws;
   cuda::launch_verify_tree(P, logits_dtype, probs_dtype, 0, nullptr, ws.allocator());
 }
 
-void kv_append(const KVAppendParams& P) { cuda::launch_kv_append(P, nullptr); }
-void kv_rollback(const KVRollbackParams& P) { cuda::launch_kv_rollback(P, nullptr); }
-void paged_append(const PagedAppendParams& P) { cuda::launch_paged_append(P, nullptr); }
-void paged_gather(const PagedGatherParams& P) { cuda::launch_paged_gather(P, nullptr); }
-void kv_compact(const KVCompactParams& P) { cuda::launch_kv_compact(P, nullptr); }
+void kv_append_kernel(Simt, const KVAppendParams& P) { cuda::launch_kv_append(P, nullptr); }
+void kv_rollback_kernel(Simt, const KVRollbackParams& P) { cuda::launch_kv_rollback(P, nullptr); }
+void paged_append_kernel(Simt, const PagedAppendParams& P) { cuda::launch_paged_append(P, nullptr); }
+void paged_gather_kernel(Simt, const PagedGatherParams& P) { cuda::launch_paged_gather(P, nullptr); }
+void kv_compact_kernel(Simt, const KVCompactParams& P) { cuda::launch_kv_compact(P, nullptr); }
 
 std::vector<int64_t> launch_counts() {
   const simt::LaunchCounts& c = simt::launch_counts();
