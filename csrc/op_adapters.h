@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kv_args.h"
+#include "op_schemas.h"
 #include "sampling_args.h"
 
 namespace specdec::ops {
@@ -346,10 +347,30 @@ struct Adapter<Op, Backend, void (*)(Launch&, Target, First, Rest...)> {
   }
 };
 
-// m.impl(Op::name, Adapter<Op, Backend>::call) for each Op.
+// Whether the op table (op_schemas.h) declares Op with kernels on `backend`.
+template <class Op>
+constexpr bool declared_for(unsigned backend) {
+  const schemas::OpDecl* decl = schemas::find_op(Op::name);
+  return decl != nullptr && (decl->backends & backend) != 0;
+}
+
+// m.impl(Op::name, Adapter<Op, Backend>::call) for each Op; each must be a row of the op table
+// with Backend's bit (compile-time check; the registry test, python_tests/test_op_registry.py,
+// finds a row that no backend file registers).
 template <class Backend, class... Op, class Library>
 void register_ops(Library& m) {
+  static_assert((declared_for<Op>(Backend::backend) && ...),
+                "an op registered here is not declared for this backend in op_schemas.h kOps");
   (m.impl(Op::name, &Adapter<Op, Backend>::call), ...);
+}
+
+// register_ops for a backend registered in ONE file (the SIMT emulation): every op the table
+// declares for it must be in the list.
+template <class Backend, class... Op, class Library>
+void register_all_ops(Library& m) {
+  static_assert(sizeof...(Op) == schemas::count_ops(Backend::backend),
+                "an op the table declares for this backend is missing from its list");
+  register_ops<Backend, Op...>(m);
 }
 
 }  // namespace specdec::ops

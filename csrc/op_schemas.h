@@ -346,8 +346,9 @@ inline constexpr OpDecl kOps[] = {
     {"paged_kv_compact_", kPagedKvCompactSchema, kCpu | kCuda, kNoHostArgs, "cuda/kv_kernels.cuh"},
 };
 
-// The declaration of the op named `name` (an unqualified name), or nullptr.
-inline const OpDecl* find_op(const char* name) {
+// The declaration of the op named `name` (an unqualified name), or nullptr. constexpr: the
+// backends' registrations check their ops against the table at compile time (op_adapters.h).
+constexpr const OpDecl* find_op(const char* name) {
   for (const OpDecl& op : kOps) {
     const char* a = op.name;
     const char* b = name;
@@ -355,6 +356,13 @@ inline const OpDecl* find_op(const char* name) {
     if (*a == '\0' && *b == '\0') return &op;
   }
   return nullptr;
+}
+
+// How many ops of the table have kernels on `backend` (a Backend bit).
+constexpr int count_ops(unsigned backend) {
+  int n = 0;
+  for (const OpDecl& op : kOps) n += (op.backends & backend) != 0;
+  return n;
 }
 
 }  // namespace specdec::schemas

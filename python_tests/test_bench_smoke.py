@@ -113,7 +113,7 @@ def test_bench_e2e_smoke(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
     rows = json.load(open(path))["rows"]
     methods = {r["method"] for r in rows}
-    assert {"target-only", "engine", "engine adaptive", "engine ngram", "engine hybrid", "engine suffix",
+    assert {"target-only", "engine", "engine adaptive", "engine budget", "engine ngram", "engine hybrid", "engine suffix",
             "engine suffix tree", "HF generate", "HF assisted", "HF prompt lookup"} <= methods
     engine = [r for r in rows if r["method"] == "engine"][0]
     assert engine["tokens"] == 6 and engine["speedup"] > 0 and 0 <= engine["bookkeeping"] < 1

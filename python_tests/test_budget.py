@@ -91,3 +91,36 @@ def test_budget_gives_every_row_the_steps_k():
         ids, 12, temperature=torch.tensor([1.0, 0.0]), seed=2)
     for s0, s1 in zip(out.stats[0].ks, out.stats[1].ks):
         assert s0 == s1 or min(s0, s1) < 4  # equal unless a row's token budget capped it
+
+
+def test_k_never_exceeds_k_max_or_the_row_cap():
+    """Whatever the estimates, caps (above and below k_max) and curve, every row's K is in
+    [0, min(k_max, cap)], the K = 1 probe included; cheap drafts and alphas near 1 push the
+    plan to the limit, so an off-by-one in either bound shows."""
+    rng = random.Random(11)
+    reached = 0
+    for _ in range(300):
+        k_max, B = rng.randint(0, 6), rng.randint(1, 4)
+        alphas = {r: rng.choice([1.0, 0.99, rng.random()]) for r in range(B)}
+        caps = {r: rng.randint(0, 10) for r in range(B)}
+        costs = _costs(rng.uniform(0.5, 1.0), rng.uniform(0.0, 0.01), 0.0)
+        policy = BudgetPolicy(k_max, ragged=rng.random() < 0.5)
+        for _ in range(9):
+            ks = policy.choose(alphas, costs, caps)
+            assert set(ks) == set(alphas)
+            assert all(0 <= ks[r] <= min(k_max, caps[r]) for r in ks), (k_max, caps, ks)
+            reached += any(ks[r] == min(k_max, caps[r]) > 0 for r in ks)
+    assert reached > 100  # the bound is reached, not only respected
+
+
+def test_engine_steps_draft_at_most_k():
+    """In the engine (draft == target, so every draft is accepted; a flat target curve and free
+    drafts, fixed rather than measured so the plan does not follow the machine's load, so the
+    plan goes deep): every step's K is <= k, and K = k is reached."""
+    t = _tables(3)
+    ids = torch.tensor([[1], [4]])
+    k = 3
+    out = SpeculativeEngine(BigramModel(t), BigramModel(t), k=k, adaptive_k="budget",
+                            step_costs=_costs(1.0, 0.0, 0.0)).generate(ids, 24)
+    ks = [x for s in out.stats for x in s.ks]
+    assert max(ks) == k and min(ks) >= 0, ks

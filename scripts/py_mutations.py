@@ -70,6 +70,11 @@ MUTATIONS = [
      "        if probs is not None and i > 0:\n"
      "            probs[:, i] = probs[:, 0]\n",
      ["test_engine.py", "-k", "first_three_tokens"]),
+    ("budget: a row may draft k_max + 1 tokens (the plan's bound off by one)",
+     "engine/budget.py",
+     "caps = {r: min(self.k_max, self.k_max if caps is None else caps[r]) for r in alphas}",
+     "caps = {r: min(self.k_max + 1, self.k_max if caps is None else caps[r]) for r in alphas}",
+     ["test_budget.py"]),
     ("n-gram drafter: the proposal starts one token after the match's continuation",
      "engine/ngram.py",
      "return self.text[start:start + k]",

@@ -13,6 +13,7 @@ namespace specdec::cpu {
 bool use_avx2();
 
 struct Backend {
+  static constexpr unsigned backend = schemas::kCpu;  // its bit in the op table
   static constexpr ops::Target target{HostChecks::kCpuTensors, /*cuda_kernels=*/false};
   static constexpr bool poisons = false;
   struct Scope {

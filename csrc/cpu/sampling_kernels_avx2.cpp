@@ -52,14 +52,10 @@
 #include "logprob_kernels.h"
 #include "shard_kernels.h"
 
+#define SPECDEC_CPU_TAG Avx2
+#include "sampling_kernels_entries.inc"
+
 namespace specdec::cpu {
-void verify_kernel(Avx2, const VerifyParams& P, DType tl, DType tq) { CPU_CAPABILITY::verify(P, tl, tq); }
-void verify_block_kernel(Avx2, const VerifyParams& P, DType tl, DType tq) { CPU_CAPABILITY::verify_block(P, tl, tq); }
-void sample_kernel(Avx2, const SampleParams& P, DType tl) { CPU_CAPABILITY::sample(P, tl); }
-void filtered_kernel(Avx2, const SampleParams& P, DType tl) { CPU_CAPABILITY::filtered(P, tl); }
-void verify_tree_kernel(Avx2, const TreeVerifyParams& P, DType tl, DType tq) { CPU_CAPABILITY::verify_tree(P, tl, tq); }
-void logprobs_kernel(Avx2, const LogprobParams& P, DType tl) { CPU_CAPABILITY::logprobs(P, tl); }
-void verify_shard_kernel(Avx2, const ShardParams& S, DType tl, DType tq) { CPU_CAPABILITY::verify_shard(S, tl, tq); }
 bool avx2_compiled() {
 #if defined(CPU_CAPABILITY_AVX2)
   static_assert(at::vec::CPU_CAPABILITY::Vectorized<float>::size() == 8, "AVX2 vectors expected");

@@ -23,19 +23,18 @@ struct Cpu {};               // any instruction set (the KV kernels, kv_cache_cp
 struct Default : Cpu {};     // at::vec's DEFAULT width, any CPU
 struct Avx2 : Cpu {};        // AVX2 + FMA + F16C (the default code on non-x86 builds)
 
-void verify_kernel(Default, const VerifyParams& P, DType logits_dtype, DType probs_dtype);
-void verify_kernel(Avx2, const VerifyParams& P, DType logits_dtype, DType probs_dtype);
-void verify_block_kernel(Default, const VerifyParams& P, DType logits_dtype, DType probs_dtype);
-void verify_block_kernel(Avx2, const VerifyParams& P, DType logits_dtype, DType probs_dtype);
-void sample_kernel(Default, const SampleParams& P, DType logits_dtype);
-void sample_kernel(Avx2, const SampleParams& P, DType logits_dtype);
-void filtered_kernel(Default, const SampleParams& P, DType logits_dtype);  // filtered_probs / mask_logits / softmax
-void filtered_kernel(Avx2, const SampleParams& P, DType logits_dtype);
-void verify_tree_kernel(Default, const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
-void verify_tree_kernel(Avx2, const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype);
-void logprobs_kernel(Default, const LogprobParams& P, DType logits_dtype);
-void logprobs_kernel(Avx2, const LogprobParams& P, DType logits_dtype);
-void verify_shard_kernel(Default, const ShardParams& S, DType logits_dtype, DType probs_dtype);
-void verify_shard_kernel(Avx2, const ShardParams& S, DType logits_dtype, DType probs_dtype);
+// The entry points of one compiled copy (tag: Default or Avx2); the copies define them in
+// sampling_kernels_entries.inc.
+#define SPECDEC_CPU_ENTRY_POINTS(Tag)                                                       \
+  void verify_kernel(Tag, const VerifyParams& P, DType logits_dtype, DType probs_dtype);       \
+  void verify_block_kernel(Tag, const VerifyParams& P, DType logits_dtype, DType probs_dtype); \
+  void sample_kernel(Tag, const SampleParams& P, DType logits_dtype);                          \
+  void filtered_kernel(Tag, const SampleParams& P, DType logits_dtype); /* filtered_probs, mask_logits, softmax */ \
+  void verify_tree_kernel(Tag, const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype); \
+  void logprobs_kernel(Tag, const LogprobParams& P, DType logits_dtype);                       \
+  void verify_shard_kernel(Tag, const ShardParams& S, DType logits_dtype, DType probs_dtype);
+SPECDEC_CPU_ENTRY_POINTS(Default)
+SPECDEC_CPU_ENTRY_POINTS(Avx2)
+#undef SPECDEC_CPU_ENTRY_POINTS
 bool avx2_compiled();  // false on non-x86 builds, where the Avx2 copy is the default code
 }  // namespace specdec::cpu

@@ -22,6 +22,7 @@ struct Kernels {
 };
 
 struct Backend {
+  static constexpr unsigned backend = schemas::kCuda;  // its bit in the op table
   static constexpr ops::Target target{HostChecks::kCpuTensors, /*cuda_kernels=*/true};
   static constexpr bool poisons = false;
   struct Scope {

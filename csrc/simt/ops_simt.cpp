@@ -16,6 +16,7 @@ namespace specdec::simt_ops {
 // The SIMT backend of the op adapters (op_adapters.h): only 0-dim CPU tensors are read on the
 // host, the shard steps run the CUDA plan, every output is poisoned before the kernels run.
 struct Backend {
+  static constexpr unsigned backend = schemas::kCuda;  // its bit in the op table
   static constexpr ops::Target target{HostChecks::kScalarsOnly, /*cuda_kernels=*/true};
   static constexpr bool poisons = true;
   struct Scope {
@@ -39,7 +40,7 @@ TORCH_LIBRARY(specdec_simt, m) {
 
 TORCH_LIBRARY_IMPL(specdec_simt, CPU, m) {
   using namespace specdec::ops;
-  register_ops<specdec::simt_ops::Backend, VerifyOp, SampleOp, FilteredProbsOp, MaskLogitsOp, SoftmaxOp, LogprobsOp,
-               VerifyTreeOp, VerifyShardOp, VerifyShardFinishOp, KvAppendOp, KvRollbackOp, PagedKvAppendOp,
-               PagedKvGatherOp, PagedKvGatherIntoOp, KvCompactOp, PagedKvCompactOp>(m);
+  register_all_ops<specdec::simt_ops::Backend, VerifyOp, SampleOp, FilteredProbsOp, MaskLogitsOp, SoftmaxOp, LogprobsOp,
+                   VerifyTreeOp, VerifyShardOp, VerifyShardFinishOp, KvAppendOp, KvRollbackOp, PagedKvAppendOp,
+                   PagedKvGatherOp, PagedKvGatherIntoOp, KvCompactOp, PagedKvCompactOp>(m);
 }

@@ -5,7 +5,9 @@ times every row in N interleaved rounds (the order alternates between rounds) an
 medians, each ratio taken against the baseline of the same round:
 
 * target-only autoregressive decoding with the package's reference model (K = 0)
-* the engine with K in {1, 2, 4, 6} and adaptive K, greedy (T = 0) and sampling (T = 1)
+* the engine with K in {1, 2, 4, 6}, adaptive K (per row) and the batch-wide budget
+  (``engine budget``: every row's K from one plan over the step, engine/budget.py), greedy
+  (T = 0) and sampling (T = 1)
 * the engine with prompt-lookup (n-gram) drafting and with the hybrid drafter (n-gram
   where a match exists, the draft model elsewhere), adaptive K
 * the engine with suffix drafting (``engine suffix``: per-request and global suffix indexes,
@@ -234,6 +236,7 @@ def configs(target, draft, compiled, hf_target, hf_draft, hf_compiled, B, T, gro
     if not args.only_hf:
         out += [Config("engine", k, _engine(target, draft, k, False, T, groups, n)) for k in args.k]
         out += [Config("engine adaptive", f"<={kmax}", _engine(target, draft, kmax, "cost", T, groups, n)),
+                Config("engine budget", f"<={kmax}", _engine(target, draft, kmax, "budget", T, groups, n)),
                 Config("engine ngram", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n)),
                 Config("engine hybrid", f"<={kmax}", _engine(target, draft, kmax, "cost", T, groups, n,
                                                              drafter="hybrid")),
