@@ -39,7 +39,7 @@ TORCH_LIBRARY(specdec_simt, m) {
 
 TORCH_LIBRARY_IMPL(specdec_simt, CPU, m) {
   using namespace specdec::ops;
-  register_ops<specdec::simt_ops::Backend, VerifyOp, SampleOp, FilteredProbsOp, MaskLogitsOp, SoftmaxOp, LogprobsOp,
+  register_ops<specdec::simt_ops::Backend, VerifyOp, VerifyBlockOp, SampleOp, FilteredProbsOp, MaskLogitsOp, SoftmaxOp, LogprobsOp,
                VerifyTreeOp, VerifyShardOp, VerifyShardFinishOp, KvAppendOp, KvRollbackOp, PagedKvAppendOp,
                PagedKvGatherOp, PagedKvGatherIntoOp, KvCompactOp, PagedKvCompactOp>(m);
 }
