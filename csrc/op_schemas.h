@@ -326,7 +326,7 @@ struct OpDecl {
 
 inline constexpr OpDecl kOps[] = {
     {"verify", kVerifySchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},
-    {"verify_block", kVerifyBlockSchema, kCpu, kSamplingHostArgs, nullptr},
+    {"verify_block", kVerifyBlockSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/block_kernels.cuh"},
     {"sample", kSampleSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},
     {"filtered_probs", kFilteredProbsSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},
     {"mask_logits", kMaskLogitsSchema, kCpu | kCuda, kSamplingHostArgs, "cuda/sampling_kernels.cuh"},

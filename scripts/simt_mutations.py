@@ -2,6 +2,7 @@
 of csrc/, must make the emulated CUDA tests fail.
 
     python scripts/simt_mutations.py            # all mutations; exit 1 if one survives
+    python scripts/simt_mutations.py -k block   # only those whose name contains "block"
 
 For each mutation: copy csrc/ to a temporary tree, apply the one-line change (the pattern
 must occur exactly once), build the SIMT emulator from that tree (SPECDEC_SIMT_SOURCE,
@@ -10,6 +11,7 @@ fail; a build error or no failure fails this script.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import pathlib
 import shutil
@@ -26,6 +28,13 @@ TESTS = ["python_tests/test_sampling_gpu.py", "-m", "simt and not law", "-x", "-
 #: the vocabulary-parallel steps' tests (identity on aligned shards, the ratio boundary, the law)
 SHARD_TESTS = ["python_tests/test_distributed_gpu.py", "-m", "simt", "-x", "-q", "-rf", "-p", "no:cacheprovider",
                "-k", "identical or boundary or law"]
+#: block verification's tests (agreement with the CPU kernel: dense / one-hot drafts, filters, ragged rows)
+BLOCK_TESTS = ["python_tests/test_verify_block_gpu.py", "-m", "simt and not law", "-x", "-q", "-rf", "-p",
+               "no:cacheprovider", "-k", "agree"]
+#: the block law test (its power check is the unweighted residual's law): the agreement tests'
+#: rows rarely stop at a tau > 0 with w_tau < 1, where the two residuals differ
+BLOCK_LAW_TESTS = ["python_tests/test_verify_block_gpu.py", "-m", "simt", "-x", "-q", "-rf", "-p",
+                   "no:cacheprovider", "-k", "law"]
 
 # (name, file, original text, mutated text, tests)
 MUTATIONS = [
@@ -51,6 +60,16 @@ MUTATIONS = [
      "csrc/cuda/shard_kernels.cuh",
      "const float E = start == t * kRaceTile ?",
      "const float E = true ?", SHARD_TESTS),
+    ("block verification's correction from the token-wise residual max(0, p - q) instead of the weighted "
+     "max(0, w_tau p - q) (block_verify_row: the race at tau)",
+     "csrc/cuda/block_kernels.cuh",
+     "scale = tau < n ? stop.w : 1.0f;",
+     "scale = 1.0f;", BLOCK_LAW_TESTS),
+    ("block weights not clamped at 1 (block_weight_next: w * p / q > 1 kept, core/block_verify.h in the "
+     "emulated kernels only)",
+     "csrc/core/block_verify.h",
+     "  if (wp >= q_x) return 1.0f;\n",
+     "", BLOCK_TESTS),
 ]
 
 
@@ -77,8 +96,15 @@ def run_mutant(name: str, rel: str, old: str, new: str, tests: list) -> tuple[bo
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-k", dest="select", default="", help="run only the mutations whose name contains this")
+    args = ap.parse_args()
+    chosen = [m for m in MUTATIONS if args.select in m[0]]
+    if not chosen:
+        print(f"no mutation name contains {args.select!r}")
+        return 1
     ok = True
-    for name, rel, old, new, tests in MUTATIONS:
+    for name, rel, old, new, tests in chosen:
         t0 = time.time()
         caught, msg = run_mutant(name, rel, old, new, tests)
         ok &= caught

@@ -151,22 +151,35 @@ StagePlan plan_stages(int64_t rows, int64_t race_rows, int64_t V, const DeviceIn
   return p;
 }
 
-// verify_tree (tree_kernels.cuh): one block per row, grid-stride over rows, at most the
-// resident blocks; each block owns two residual rows of V floats; a filter cutoff per
-// (row, node) when a filter was given.
-struct TreePlan {
+// The kernels that walk a row with one block (verify_tree, verify_block): one block per row,
+// grid-stride over rows, at most the resident blocks; each block owns `residual_floats`
+// floats of kWsResidual; a filter cutoff per (row, position) when a filter was given.
+struct RowBlockPlan {
   int64_t grid = 1;
   WorkspaceLayout workspace;
 };
-inline TreePlan plan_tree(int64_t B, int64_t N, int64_t V, const DeviceInfo& dev, bool filters) {
-  TreePlan p;
+inline RowBlockPlan plan_row_blocks(int64_t B, int64_t positions, int64_t residual_floats, const DeviceInfo& dev,
+                                    bool filters) {
+  RowBlockPlan p;
   const int64_t max_grid = static_cast<int64_t>(std::max(dev.blocks_per_sm, 1)) * std::max(dev.sms, 1);
   p.grid = std::max<int64_t>(1, std::min(B, max_grid));
   WorkspaceLayout& L = p.workspace;
-  L.used[kWsCutoff] = filters ? B * N * static_cast<int64_t>(sizeof(float)) : 0;
-  L.used[kWsResidual] = p.grid * 2 * V * static_cast<int64_t>(sizeof(float));
+  L.used[kWsCutoff] = filters ? B * positions * static_cast<int64_t>(sizeof(float)) : 0;
+  L.used[kWsResidual] = p.grid * residual_floats * static_cast<int64_t>(sizeof(float));
   for (int k = 0; k < kWsBuffers; ++k) L.bytes[k] = (L.used[k] + 255) / 256 * 256;
   return p;
+}
+
+// verify_tree (tree_kernels.cuh): two residual rows of V floats per block, a cutoff per (row, node).
+using TreePlan = RowBlockPlan;
+inline TreePlan plan_tree(int64_t B, int64_t N, int64_t V, const DeviceInfo& dev, bool filters) {
+  return plan_row_blocks(B, N, 2 * V, dev, filters);
+}
+
+// verify_block (block_kernels.cuh): no buffer of size V (the race runs on the logits), a
+// cutoff per (row, position), K + 1 positions.
+inline RowBlockPlan plan_block_verify(int64_t B, int64_t K, const DeviceInfo& dev, bool filters) {
+  return plan_row_blocks(B, K + 1, 0, dev, filters);
 }
 
 // Blocks of a one-warp-per-row launch (coupled_decide_kernel).

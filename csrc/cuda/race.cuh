@@ -1,6 +1,6 @@
 // The two-level race's primitives (core/verify_math.h; framework-free CUDA): the coarse
 // race's key pair and its merge, a lane's race weights (target p and residual
-// max(0, p - q)), the warp sum of a tile's weights and the fine race's winner inside a
+// max(0, scale * p - q)), the warp sum of a tile's weights and the fine race's winner inside a
 // tile.
 #pragma once
 #include <cuda_runtime.h>
@@ -57,23 +57,25 @@ __device__ __forceinline__ void load_lane_tokens(const T* row, const TQ* q_row, 
   }
 }
 
-// Weights of those 4 tokens: p = target probability, w = residual max(0, p - q)
-// (QMode kNone: w = p; kOneHot: q one-hot at `draft`; kDense: the q row). Logits
-// below the filter cutoff `cut` weigh 0 (inv_s is then 1 / the filtered sum).
+// Weights of those 4 tokens: p = target probability, w = residual max(0, scale * p - q)
+// (QMode kNone: w = scale * p; kOneHot: q one-hot at `draft`; kDense: the q row). Logits
+// below the filter cutoff `cut` weigh 0 (inv_s is then 1 / the filtered sum). scale: 1 for
+// verify, sample and the tree (p * 1 is exact: the bits of max(0, p - q)); block
+// verification's weight w_tau in [0, 1] (core/block_verify.h), as the CPU's tile_weights.
 __device__ __forceinline__ void token_weights(const float x[4], const float q[4], QMode q_mode, int64_t draft,
                                               int64_t v0, float inv_t, float max_l, float inv_s, float cut,
-                                              float w[4], float p[4], int& bad) {
+                                              float w[4], float p[4], int& bad, float scale = 1.0f) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const float e = shifted_exp(filtered_logit(x[k], cut), max_l, inv_t);  // 0 for a token >= V (x = -inf)
     p[k] = e * inv_s;
     if (q_mode == QMode::kNone) {
-      w[k] = p[k];
+      w[k] = p[k] * scale;
     } else if (q_mode == QMode::kOneHot) {
-      w[k] = v0 + k == draft ? 0.0f : p[k];  // max(0, p - 1) = 0 at the draft
+      w[k] = v0 + k == draft ? 0.0f : p[k] * scale;  // max(0, scale * p - 1) = 0 at the draft
     } else {
       if (bad_prob(q[k])) bad = 1;
-      w[k] = residual_weight(e, inv_s, q[k]);
+      w[k] = scaled_residual_weight(e, inv_s, scale, q[k]);
     }
   }
 }

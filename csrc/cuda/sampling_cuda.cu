@@ -1,4 +1,4 @@
-// CUDA launchers of specdec::verify, sample, filtered_probs, mask_logits, softmax, logprobs,
+// CUDA launchers of specdec::verify, verify_block, sample, filtered_probs, mask_logits, softmax, logprobs,
 // verify_tree and verify_shard / verify_shard_finish: the torch side only. The ops are
 // adapters (op_adapters.h) on the CUDA backend (torch_backend.h: device guard, stream);
 // here each kernel's launch, with one workspace
@@ -14,6 +14,7 @@
 #include <torch/library.h>
 
 #include "../op_adapters.h"
+#include "block_launch.cuh"
 #include "sampling_launch.cuh"
 #include "shard_launch.cuh"
 #include "torch_backend.h"
@@ -34,6 +35,10 @@ static WorkspaceAllocator one_tensor_workspace(const at::Tensor& like, at::Tenso
 static void verify_kernel(const Kernels& k, const VerifyParams& P, DType tl, DType tq) {
   at::Tensor ws;
   launch_verify(P, tl, tq, k.device, k.stream, one_tensor_workspace(*k.like, ws));
+}
+static void verify_block_kernel(const Kernels& k, const VerifyParams& P, DType tl, DType tq) {
+  at::Tensor ws;
+  launch_verify_block(P, tl, tq, k.device, k.stream, one_tensor_workspace(*k.like, ws));
 }
 static void sample_kernel(const Kernels& k, const SampleParams& P, DType tl) {
   at::Tensor ws;
@@ -77,6 +82,6 @@ static at::Tensor shard_tables(const Kernels& k, ShardLaunch& L) {
 
 TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   using namespace specdec::ops;
-  register_ops<specdec::cuda::Backend, VerifyOp, SampleOp, FilteredProbsOp, MaskLogitsOp, SoftmaxOp, LogprobsOp,
+  register_ops<specdec::cuda::Backend, VerifyOp, VerifyBlockOp, SampleOp, FilteredProbsOp, MaskLogitsOp, SoftmaxOp, LogprobsOp,
                VerifyTreeOp, VerifyShardOp, VerifyShardFinishOp>(m);
 }

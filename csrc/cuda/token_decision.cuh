@@ -52,12 +52,15 @@ __device__ __forceinline__ float cutoff_of(const Workspace& W, int64_t r) { retu
 // Coarse race over the tiles of chunk c (block-wide): one warp per tile of
 // kRaceTile = 128 tokens, 4 per lane. Keys W_t / E_t (residual) and P_t / E_t
 // (target). Optionally writes p to probs_out. The next tile's logits are loaded
-// before the current tile is processed (two loads in flight per lane).
+// before the current tile is processed (two loads in flight per lane). scale: the residual
+// is max(0, scale * p - q) (token_weights; 1 but for block verification's w_tau), the
+// target's key P_t stays unscaled (the race on p where the residual is all zero).
 template <typename T, typename TQ>
 __device__ RacePair chunk_coarse_race(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t V,
                                       int64_t c, int64_t chunk_len, float inv_t, float max_l, float inv_s, float cut,
                                       const RowRng& rng, uint32_t tile_stream, uint32_t position,
-                                      float* probs_out, const Workspace& W, RacePair* scratch) {
+                                      float* probs_out, const Workspace& W, RacePair* scratch,
+                                      float scale = 1.0f) {
   static_assert(kRaceTile == 128, "one warp x 4 tokens per tile");
   // best keys with 32-bit tile indices (registers: t < 2^31 for any V < 2^38)
   float key = -1.0f, key_p = -1.0f;
@@ -82,7 +85,7 @@ __device__ RacePair chunk_coarse_race(const T* row, const TQ* q_row, QMode q_mod
     }
     if (t + warps < t_end) load4(row, v0 + warps * kRaceTile, V, vec_l, -kInf, xn);
     float w[4], p[4];
-    token_weights(x, q, q_mode, draft, v0, inv_t, max_l, inv_s, cut, w, p, bad);
+    token_weights(x, q, q_mode, draft, v0, inv_t, max_l, inv_s, cut, w, p, bad, scale);
     if (probs_out) {
       if (vec_p && v0 + 3 < V) {
         *reinterpret_cast<float4*>(probs_out + v0) = make_float4(p[0], p[1], p[2], p[3]);
@@ -108,16 +111,16 @@ __device__ RacePair chunk_coarse_race(const T* row, const TQ* q_row, QMode q_mod
 
 // Fine race (warp-wide) inside tile `tile`: token = argmax weight_v / E_v over
 // tokens of positive weight; -1 if none (cannot happen for a tile the coarse
-// race picked). Same value in every lane.
+// race picked). Same value in every lane. scale: as in chunk_coarse_race.
 template <typename T, typename TQ>
 __device__ int64_t warp_fine_race(const T* row, const TQ* q_row, QMode q_mode, int64_t draft, int64_t V, int64_t tile,
                                   bool use_p, float inv_t, float max_l, float inv_s, float cut, const RowRng& rng,
-                                  uint32_t token_stream, uint32_t position, const Workspace& W) {
+                                  uint32_t token_stream, uint32_t position, const Workspace& W, float scale = 1.0f) {
   const int64_t v0 = tile * kRaceTile + 4 * (threadIdx.x & 31);
   float x[4], q[4], w[4], p[4];
   int bad = 0;
   load_lane_tokens(row, q_row, v0, V, W.vec_logits != 0, W.vec_q != 0, x, q);
-  token_weights(x, q, q_mode, draft, v0, inv_t, max_l, inv_s, cut, w, p, bad);
+  token_weights(x, q, q_mode, draft, v0, inv_t, max_l, inv_s, cut, w, p, bad, scale);
   return warp_fine_winner(w, p, use_p, v0, 0, V, rng, token_stream, position);
 }
 
@@ -167,6 +170,23 @@ __device__ void stats_stage(const void* logits, int64_t stride_b, int64_t stride
 }
 
 
+// The token of a row from its coarse race's result r (warp-wide; the same in every lane): the
+// fine race inside the winning tile, on the residual (scale as in chunk_coarse_race), or on
+// p if the residual is all zero. -1 when a bad draft probability was read or no tile won.
+template <typename TL, typename TQ>
+__device__ __forceinline__ int64_t race_token(const RacePair& r, const RaceSite<TL, TQ>& site, int64_t V, float inv_t,
+                                              float max_l, float inv_s, float cut, const RowRng& rng,
+                                              uint32_t token_stream, const Workspace& W, float scale = 1.0f) {
+  const bool use_p = !(r.key > 0.0f);
+  const int64_t tile = use_p ? r.idx_p : r.idx;
+  const int64_t ntiles = (V + kRaceTile - 1) / kRaceTile;
+  if (r.bad || tile < 0 || tile >= ntiles) return -1;
+  const int64_t token = warp_fine_race(site.row, site.q_row, site.q_mode, site.draft, V, tile, use_p, inv_t, max_l,
+                                       inv_s, cut, rng, token_stream, site.position, W, scale);
+  return (token >= 0 && token < V) ? token : -1;
+}
+
+
 // Stage 3 of both kernels, for one row (warp-wide; every branch is
 // warp-uniform): the row's token from its decision. Greedy: already known.
 // Sampled: merge the C coarse winners in chunk order, then the fine race inside
@@ -184,14 +204,7 @@ __device__ int64_t final_token(const RowDecision& d, const RacePair* race, int64
   RacePair r = RacePair::empty();
   for (int64_t c = threadIdx.x & 31; c < C; c += 32) r = merge_race(r, race[c]);
   r = warp_reduce(r, RaceMerge{});
-  const bool use_p = !(r.key > 0.0f);
-  const int64_t tile = use_p ? r.idx_p : r.idx;
-  const int64_t ntiles = (V + kRaceTile - 1) / kRaceTile;
-  if (r.bad || tile < 0 || tile >= ntiles) return -1;
-  const int64_t token = warp_fine_race(site.row, site.q_row, site.q_mode, site.draft, V, tile, use_p,
-                                       1.0f / temperature, d.max_l, 1.0f / d.sum, d.cut, rng, token_stream,
-                                       site.position, W);
-  return (token >= 0 && token < V) ? token : -1;
+  return race_token(r, site, V, 1.0f / temperature, d.max_l, 1.0f / d.sum, d.cut, rng, token_stream, W);
 }
 
 

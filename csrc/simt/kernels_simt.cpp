@@ -16,6 +16,7 @@
 #include <new>
 #include <vector>
 
+#include "../cuda/block_launch.cuh"
 #include "../cuda/kv_launch.cuh"
 #include "../cuda/sampling_launch.cuh"
 #include "../cuda/shard_launch.cuh"
@@ -47,6 +48,11 @@ struct SeparateBuffers {
 void verify_kernel(Simt, const VerifyParams& P, DType logits_dtype, DType probs_dtype) {
   SeparateBuffers ws;
   cuda::launch_verify(P, logits_dtype, probs_dtype, 0, nullptr, ws.allocator());
+}
+
+void verify_block_kernel(Simt, const VerifyParams& P, DType logits_dtype, DType probs_dtype) {
+  SeparateBuffers ws;
+  cuda::launch_verify_block(P, logits_dtype, probs_dtype, 0, nullptr, ws.allocator());
 }
 
 void sample_kernel(Simt, const SampleParams& P, DType logits_dtype) {

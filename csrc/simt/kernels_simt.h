@@ -19,6 +19,8 @@ struct Simt {};
 // sampling_launch.cuh: launch_verify / launch_sample (P.B > 0). The workspace buffers
 // are separate heap allocations (an overrun from one into the next is an overrun).
 void verify_kernel(Simt, const VerifyParams& P, DType logits_dtype, DType probs_dtype);
+// block_launch.cuh: launch_verify_block (P.B > 0)
+void verify_block_kernel(Simt, const VerifyParams& P, DType logits_dtype, DType probs_dtype);
 void sample_kernel(Simt, const SampleParams& P, DType logits_dtype);
 // launch_filtered: filtered_probs / mask_logits / softmax
 void filtered_kernel(Simt, const SampleParams& P, DType logits_dtype);

@@ -40,7 +40,7 @@ TORCH_LIBRARY(specdec_simt, m) {
 
 TORCH_LIBRARY_IMPL(specdec_simt, CPU, m) {
   using namespace specdec::ops;
-  register_all_ops<specdec::simt_ops::Backend, VerifyOp, SampleOp, FilteredProbsOp, MaskLogitsOp, SoftmaxOp, LogprobsOp,
-                   VerifyTreeOp, VerifyShardOp, VerifyShardFinishOp, KvAppendOp, KvRollbackOp, PagedKvAppendOp,
-                   PagedKvGatherOp, PagedKvGatherIntoOp, KvCompactOp, PagedKvCompactOp>(m);
+  register_all_ops<specdec::simt_ops::Backend, VerifyOp, VerifyBlockOp, SampleOp, FilteredProbsOp, MaskLogitsOp,
+                   SoftmaxOp, LogprobsOp, VerifyTreeOp, VerifyShardOp, VerifyShardFinishOp, KvAppendOp, KvRollbackOp,
+                   PagedKvAppendOp, PagedKvGatherOp, PagedKvGatherIntoOp, KvCompactOp, PagedKvCompactOp>(m);
 }

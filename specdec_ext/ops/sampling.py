@@ -6,7 +6,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .registry import OPS as _TABLE, host_args
+from .registry import host_args
 from ._fake_checks import (FLOATS, INDEX, check_devices, check_dim, check_dtype, check_filters,
                            check_row_values, check_token_logprobs)
 from .logprobs import LogprobsResult, logprobs_args
@@ -157,7 +157,6 @@ def verify(
     logits, t, filters = float_arg(target_logits), temperature_arg(temperature), filter_args(top_k, top_p, min_p)
     probs_input = bool_arg(probs_input, "probs_input")
     if mode == "block":
-        _check_block_device(logits)
         tokens, num_accepted, valid = _OPS.verify_block(
             logits, draft_token_ids, float_arg(draft_probs), t, seed_arg(seed), int64_arg(offset, "offset"), *filters,
             num_drafts, probs_input)
@@ -227,14 +226,6 @@ def sample(
     out = _logprobs_result(_OPS, x.unsqueeze(1), tokens.unsqueeze(1), token_lp.unsqueeze(1), t, filters, lp,
                            probs_input)
     return tokens, LogprobsResult(*(o if o is None else o[:, 0] for o in out))
-
-
-def _check_block_device(logits) -> None:
-    """verify_block has CPU kernels only so far (op table: csrc/op_schemas.h): say so, by name."""
-    if (isinstance(logits, torch.Tensor) and logits.device.type not in ("cpu", "meta")
-            and logits.device.type not in _TABLE["verify_block"].backends):
-        raise NotImplementedError(f"verify(mode='block') has CPU kernels only so far; target_logits is on "
-                                  f"{logits.device}: use mode='exact' there")
 
 
 def _token_logprobs_out(logits, lp, dim: int) -> Optional[torch.Tensor]:
