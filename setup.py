@@ -145,6 +145,17 @@ def suffix_extension():
                      extra_compile_args=["-O3", "-fvisibility=hidden", "-Wall", "-Wextra", "-std=c++17"])
 
 
+class BuildExt(cpp_extension.BuildExtension.with_options(use_ninja=True)):
+    """torch's ninja build with one object folder, build/temp, for every route: setuptools
+    gives an editable install and a wheel a fresh temporary one each, so each compiled every
+    file again; here `pip install -e .`, `setup.py build_ext --inplace` and `pip wheel .`
+    recompile only what changed (ninja compares each object's command line and inputs)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.build_temp = os.path.join(ROOT, "build", "temp")
+
+
 setup(
     name="specdec_ext",
     version="0.1.0",
@@ -156,6 +167,6 @@ setup(
     install_requires=["torch>=2.11", "numpy", "prometheus_client", "safetensors", "tokenizers", "tqdm"],
     extras_require={"test": ["pytest", "hypothesis", "scipy", "transformers"], "hf": ["transformers"]},
     ext_modules=extensions(),
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExt},
     zip_safe=False,
 )

@@ -350,8 +350,8 @@ struct Adapter<Op, Backend, void (*)(Launch&, Target, First, Rest...)> {
 // Whether the op table (op_schemas.h) declares Op with kernels on `backend`.
 template <class Op>
 constexpr bool declared_for(unsigned backend) {
-  const schemas::OpDecl* decl = schemas::find_op(Op::name);
-  return decl != nullptr && (decl->backends & backend) != 0;
+  const int i = schemas::find_op(Op::name);
+  return i >= 0 && (schemas::kOps[i].backends & backend) != 0;
 }
 
 // m.impl(Op::name, Adapter<Op, Backend>::call) for each Op; each must be a row of the op table

@@ -346,16 +346,18 @@ inline constexpr OpDecl kOps[] = {
     {"paged_kv_compact_", kPagedKvCompactSchema, kCpu | kCuda, kNoHostArgs, "cuda/kv_kernels.cuh"},
 };
 
-// The declaration of the op named `name` (an unqualified name), or nullptr. constexpr: the
+// The index in kOps of the op named `name` (an unqualified name), or -1. constexpr: the
 // backends' registrations check their ops against the table at compile time (op_adapters.h).
-constexpr const OpDecl* find_op(const char* name) {
-  for (const OpDecl& op : kOps) {
-    const char* a = op.name;
+// An index, not a pointer: GCC's -fsanitize=undefined (the SIMT ASan build) makes a pointer
+// compared with nullptr no constant expression.
+constexpr int find_op(const char* name) {
+  for (int i = 0; i < static_cast<int>(sizeof(kOps) / sizeof(kOps[0])); ++i) {
+    const char* a = kOps[i].name;
     const char* b = name;
     while (*a != '\0' && *a == *b) ++a, ++b;
-    if (*a == '\0' && *b == '\0') return &op;
+    if (*a == '\0' && *b == '\0') return i;
   }
-  return nullptr;
+  return -1;
 }
 
 // How many ops of the table have kernels on `backend` (a Backend bit).

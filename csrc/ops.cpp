@@ -40,8 +40,8 @@ bool may_be_host(const std::string& name, const char* host_args) {
 // The op table's host arguments of `op` (a specdec::<name> operator).
 const char* host_args_of(const c10::OperatorHandle& op) {
   const std::string& qualified = op.schema().name();
-  const specdec::schemas::OpDecl* decl = specdec::schemas::find_op(qualified.substr(qualified.find("::") + 2).c_str());
-  return decl == nullptr ? "" : decl->host_args;
+  const int i = specdec::schemas::find_op(qualified.substr(qualified.find("::") + 2).c_str());
+  return i < 0 ? "" : specdec::schemas::kOps[i].host_args;
 }
 
 void device_guard(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {

@@ -4,9 +4,9 @@
 #   bash scripts/wheel_check.sh [OUTDIR]      (default OUTDIR: build/wheel-check)
 # The wheel is built with .venv's python and torch (pip wheel --no-build-isolation); the
 # fresh venv sees .venv's packages (torch, numpy, ...) through a .pth line, not through
-# site-packages of its own, so only the wheel is installed into it. SPECDEC_CPU_ONLY=1
-# (set by scripts/test.sh to keep CI short) builds the CPU kernels only; without it the
-# CUDA kernels are built when nvcc is found, exactly as pip install does.
+# site-packages of its own, so only the wheel is installed into it. The CUDA kernels are
+# built when nvcc is found, exactly as pip install does (SPECDEC_CPU_ONLY=1: CPU kernels only);
+# the objects of an earlier build of the same configuration in build/temp are reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)

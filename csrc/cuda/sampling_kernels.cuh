@@ -405,17 +405,29 @@ __device__ __forceinline__ MergedRow merged_sample_row(const Rows& R, int64_t r,
   return MergedRow{st, valid_temperature(t) && R.usable(r) && !st.bad() && usable_max(st.max)};
 }
 
+// The (row r, chunk c) items of a stage that follows the stats stage, grid-strided over the
+// blocks: row r's merged stats (merged_sample_row, every thread of the block), then
+// body(item, r, c, t, merged row) with t row r's temperature. row_stats is reused by the
+// next item, hence the barrier after each.
+template <typename TL, typename Rows, typename Body>
+__device__ __forceinline__ void for_each_merged_chunk(const Rows& R, int64_t V, const Workspace& W,
+                                                      ChunkStats& row_stats, Body&& body) {
+  const int64_t C = W.chunks;
+  for (int64_t item = blockIdx.x; item < R.count() * C; item += gridDim.x) {
+    const int64_t r = item / C, c = item % C;
+    const float t = R.temperature(r);
+    body(item, r, c, t, merged_sample_row<TL>(R, r, t, V, W, row_stats));
+    __syncthreads();
+  }
+}
+
 // Stage 2: item (r, c): merged stats of row r, then the coarse race over chunk c
 // (writing p to probs_out), or the one-hot / zero probs_out of a greedy / invalid row.
 template <typename TL, typename Rows>
 __device__ void sample_decide_stage(const Rows& R, int64_t V, const Workspace& W, ChunkStats& row_stats,
                                     RacePair* race_scratch) {
-  const int64_t C = W.chunks;
-  for (int64_t item = blockIdx.x; item < R.count() * C; item += gridDim.x) {
-    const int64_t r = item / C, c = item % C;
-    const float t = R.temperature(r);
+  for_each_merged_chunk<TL>(R, V, W, row_stats, [&](int64_t item, int64_t r, int64_t c, float t, const MergedRow& m) {
     const bool greedy = t == 0.0f;
-    const MergedRow m = merged_sample_row<TL>(R, r, t, V, W, row_stats);
     const ChunkStats& st = m.st;
     const bool valid = m.valid;
     float* probs = R.probs(r);
@@ -438,8 +450,7 @@ __device__ void sample_decide_stage(const Rows& R, int64_t V, const Workspace& W
                                 valid ? (greedy ? RowStatus::kGreedy : RowStatus::kSampled) : RowStatus::kInvalid,
                                 cut};
     }
-    __syncthreads();  // row_stats is reused by the next item
-  }
+  });
 }
 
 // Stage 3: one warp per row: the fine race, lane 0 writes the token (-1: invalid).
@@ -504,12 +515,9 @@ struct MaskBits<__nv_bfloat16> {
 template <typename TL, bool kMask>
 __device__ void filtered_write_stage(const SampleParams& P, const Workspace& W, ChunkStats& row_stats) {
   const SampleRows<TL> R{P};
-  const int64_t C = W.chunks, V = P.V;
-  for (int64_t item = blockIdx.x; item < P.B * C; item += gridDim.x) {
-    const int64_t r = item / C, c = item % C;
-    const float t = R.temperature(r);
+  const int64_t V = P.V;
+  for_each_merged_chunk<TL>(R, V, W, row_stats, [&](int64_t, int64_t r, int64_t c, float t, const MergedRow& m) {
     const bool greedy = t == 0.0f;
-    const MergedRow m = merged_sample_row<TL>(R, r, t, V, W, row_stats);
     const ChunkStats& st = m.st;
     const bool valid = m.valid;
     const bool sampled = valid && !greedy;
@@ -544,8 +552,7 @@ __device__ void filtered_write_stage(const SampleParams& P, const Workspace& W, 
         }
       }
     }
-    __syncthreads();  // row_stats is reused by the next item
-  }
+  });
 }
 
 template <typename TL, bool kMask>
