@@ -544,13 +544,17 @@ def time_rounds(engine, plain, ids, args, eos, rounds: int, update=lambda done: 
     The two runs of a round are timed back to back and their order alternates (ABBA), so a
     slow spell of a shared machine (another job, frequency changes) weighs on both kinds
     alike instead of on whichever ran second. Round 0 runs the speculative one first.
-    ``update(tokens)`` drives a progress bar over all runs."""
+    Each speculative run starts with an empty global suffix index (drafter 'suffix'): the
+    same request run again would otherwise draft from its own earlier output, and the figure
+    would be that of a memorised request. ``update(tokens)`` drives a progress bar over all runs."""
     engines = {"spec": engine, "base": plain}
     timings, done = None, 0
     for r in range(rounds if plain is not None else 1):
         for kind in (("spec", "base") if r % 2 == 0 else ("base", "spec")):
             if engines[kind] is None:
                 continue
+            if getattr(engines[kind], "suffix", None) is not None:
+                engines[kind].suffix.clear()
             out, seconds = _timed(engines[kind], ids, args, eos, lambda n, d=done: update(d + n))
             done += args.max_new_tokens
             if kind == "spec":

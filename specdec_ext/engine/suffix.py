@@ -107,6 +107,11 @@ class GlobalSuffixCache:
         self._order.append(sid)
         return sid
 
+    def clear(self) -> None:
+        """Forget every cached output (the index of a fresh engine)."""
+        while self._order:
+            self.index.remove(self._order.popleft())
+
     def __len__(self) -> int:
         return len(self._order)
 
