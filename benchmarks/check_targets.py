@@ -104,6 +104,32 @@ def e2e_targets(rows):
                     out.append((f"{dev} T={T} B=1: engine >= 1.5x HF assisted generation tokens/s", ok,
                                 f"{best['tok_s']:.0f} vs {hf[0]['tok_s']:.0f} tok/s"))
             out += hf_model_targets(rows, dev, T)
+            out += block_targets(rows, dev, T)
+    return out
+
+
+#: block-verification rows of `bench e2e` and their token-wise rows (same K and policy)
+BLOCK_PAIRS = {"engine block": "engine", "engine adaptive block": "engine adaptive"}
+
+
+def block_targets(rows, dev, T):
+    """Issue 32: block verification gives at least token-wise verification's tokens per target
+    pass on every row, and is not slower than noise (10%) in tokens/s."""
+    out = []
+    for r in rows:
+        if (r["device"], r["temperature"]) != (dev, T) or r["method"] not in BLOCK_PAIRS or not r.get("tokens_per_step"):
+            continue
+        tw = [c for c in rows if (c["device"], c["batch"], c["temperature"], c["method"], c["k"])
+              == (dev, r["batch"], T, BLOCK_PAIRS[r["method"]], r["k"]) and c.get("tokens_per_step")]
+        if not tw:
+            continue
+        c = tw[0]
+        where = f"{dev} T={T} B={r['batch']} {r['method']} K={r['k']}"
+        out.append((f"{where}: block tokens per target pass >= token-wise",
+                    r["tokens_per_step"] >= c["tokens_per_step"],
+                    f"{r['tokens_per_step']:.3f} vs {c['tokens_per_step']:.3f}"))
+        out.append((f"{where}: block tokens/s >= 0.9x token-wise", r["tok_s"] >= 0.9 * c["tok_s"],
+                    f"x{r['tok_s'] / c['tok_s']:.2f}"))
     return out
 
 

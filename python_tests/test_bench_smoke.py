@@ -114,8 +114,11 @@ def test_bench_e2e_smoke(tmp_path, capsys):
     rows = json.load(open(path))["rows"]
     methods = {r["method"] for r in rows}
     assert {"target-only", "engine", "engine adaptive", "engine budget", "engine ngram", "engine hybrid", "engine suffix",
-            "engine suffix tree", "HF generate", "HF assisted", "HF prompt lookup"} <= methods
+            "engine suffix tree", "HF generate", "HF assisted", "HF prompt lookup", "engine block",
+            "engine adaptive block"} <= methods
     engine = [r for r in rows if r["method"] == "engine"][0]
+    block = [r for r in rows if r["method"] == "engine block"][0]
+    assert block["k"] == 2 and block["tokens"] == 6  # greedy: one-hot drafts, the same law as token-wise
     assert engine["tokens"] == 6 and engine["speedup"] > 0 and 0 <= engine["bookkeeping"] < 1
     assert engine["rounds"] == 2 and engine["target_ratio"] > 0 and engine["predicted_r"] > 0
     out = capsys.readouterr().out.splitlines()
@@ -126,7 +129,37 @@ def test_bench_e2e_smoke(tmp_path, capsys):
     suffix = [line for line in out if line.startswith("cpu ") and ": proposal " in line]
     assert len(suffix) == 3 and all("% of the step time" in line for line in suffix)
     assert all("tokens per target pass" in line for line in suffix if "suffix" in line)
-    assert "median of 2 round(s)" in _check_targets(path)
+    blocks = [line for line in out if " vs token-wise: " in line]
+    assert len(blocks) == 2 and all("(block/token x" in line for line in blocks)
+    judged = _check_targets(path)
+    assert "median of 2 round(s)" in judged
+    assert "engine block K=2: block tokens per target pass >= token-wise" in judged
+
+
+def test_bench_e2e_block_summary_pairs_rows_by_method_and_k():
+    """Each block row is compared with the token-wise row of its own K and policy (not
+    another K's), and check_targets judges block tokens per pass below token-wise NOT MET."""
+    import importlib.util
+
+    base = dict(device="cpu", batch=1, temperature=1.0)
+    rows = [dict(base, method="engine", k=2, tokens_per_step=2.0, tok_s=100.0),
+            dict(base, method="engine", k=4, tokens_per_step=2.5, tok_s=110.0),
+            dict(base, method="engine block", k=2, tokens_per_step=2.1, tok_s=101.0),
+            dict(base, method="engine block", k=4, tokens_per_step=2.4, tok_s=80.0),
+            dict(base, method="engine adaptive", k="<=4", tokens_per_step=2.2, tok_s=120.0),
+            dict(base, method="engine adaptive block", k="<=4", tokens_per_step=2.3, tok_s=119.0)]
+    lines = bench_e2e.block_summary(rows)
+    assert lines[0].startswith("cpu   1 1.0 engine block K=2 vs token-wise: 2.100 vs 2.000 tokens per target pass")
+    assert "engine block K=4 vs token-wise: 2.400 vs 2.500" in lines[1]
+    assert "engine adaptive block K=<=4 vs token-wise: 2.300 vs 2.200" in lines[2] and len(lines) == 3
+    spec = importlib.util.spec_from_file_location("check_targets", os.path.join(ROOT, "benchmarks", "check_targets.py"))
+    ct = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ct)
+    judged = {name: ok for name, ok, _ in ct.block_targets(rows, "cpu", 1.0)}
+    assert judged["cpu T=1.0 B=1 engine block K=2: block tokens per target pass >= token-wise"]
+    assert not judged["cpu T=1.0 B=1 engine block K=4: block tokens per target pass >= token-wise"]
+    assert not judged["cpu T=1.0 B=1 engine block K=4: block tokens/s >= 0.9x token-wise"]
+    assert judged["cpu T=1.0 B=1 engine adaptive block K=<=4: block tokens/s >= 0.9x token-wise"]
 
 
 def test_bench_e2e_summary_takes_per_round_ratios():

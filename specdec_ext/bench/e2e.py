@@ -8,6 +8,10 @@ medians, each ratio taken against the baseline of the same round:
 * the engine with K in {1, 2, 4, 6}, adaptive K (per row) and the batch-wide budget
   (``engine budget``: every row's K from one plan over the step, engine/budget.py), greedy
   (T = 0) and sampling (T = 1)
+* the same fixed-K and adaptive rows with block verification (``engine block``, ``engine
+  adaptive block``: ``verify_mode="block"``; ``--no-block`` skips them); after each block a
+  line per such row compares tokens per target pass and tokens/s with its token-wise row
+  (:func:`block_summary`)
 * the engine with prompt-lookup (n-gram) drafting and with the hybrid drafter (n-gram
   where a match exists, the draft model elsewhere), adaptive K
 * the engine with suffix drafting (``engine suffix``: per-request and global suffix indexes,
@@ -98,11 +102,12 @@ def _sync(device):
 
 
 def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0, drafter="auto", tree=None,
-               tree_mode="sampled", suffix=None):
+               tree_mode="sampled", suffix=None, verify_mode="exact"):
     """groups: list of (ids, mask). Returns aggregate stats over all of them (``tree``: tree
-    speculation with that branching; tokens_per_step is then tokens per target pass too)."""
+    speculation with that branching; tokens_per_step is then tokens per target pass too;
+    ``verify_mode``: "exact" (token-wise) or "block")."""
     eng = SpeculativeEngine(target, draft, k=k, adaptive_k=adaptive, drafter=drafter, tree=tree, tree_mode=tree_mode,
-                            suffix=suffix)
+                            suffix=suffix, verify_mode=verify_mode)
     tokens = steps = accepted = rejections = 0
     draft_s = draft_steps = target_s = other_s = step_s = 0.0
     elapsed = 0.0
@@ -235,8 +240,13 @@ def configs(target, draft, compiled, hf_target, hf_draft, hf_compiled, B, T, gro
     out = [Config("target-only", 0, _engine(target, draft, 0, False, T, groups, n))]
     if not args.only_hf:
         out += [Config("engine", k, _engine(target, draft, k, False, T, groups, n)) for k in args.k]
+        if args.block:  # the same rows with block verification (block_summary compares them)
+            out += [Config("engine block", k, _engine(target, draft, k, False, T, groups, n, verify_mode="block"))
+                    for k in args.k]
         out += [Config("engine adaptive", f"<={kmax}", _engine(target, draft, kmax, "cost", T, groups, n)),
                 Config("engine budget", f"<={kmax}", _engine(target, draft, kmax, "budget", T, groups, n)),
+                *([Config("engine adaptive block", f"<={kmax}", _engine(target, draft, kmax, "cost", T, groups, n,
+                                                                        verify_mode="block"))] if args.block else []),
                 Config("engine ngram", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n)),
                 Config("engine hybrid", f"<={kmax}", _engine(target, draft, kmax, "cost", T, groups, n,
                                                              drafter="hybrid")),
@@ -396,6 +406,31 @@ def suffix_summary(block_rows) -> List[str]:
     return lines
 
 
+#: the block-verification rows and the token-wise row each is compared with (same K, drafter, policy)
+BLOCK_PAIRS = {"engine block": "engine", "engine adaptive block": "engine adaptive"}
+
+
+def block_summary(block_rows) -> List[str]:
+    """Lines comparing each block-verification row with the token-wise row of the same K and
+    policy in the block: tokens per target pass (what the joint rule gains: never less in
+    expectation; the same law with one-hot drafts, so equal at T = 0) and tokens/s (what its
+    extra pass over the drafts costs)."""
+    lines = []
+    for r in block_rows:
+        if r["method"] not in BLOCK_PAIRS or not r.get("tokens_per_step"):
+            continue
+        tw = [c for c in block_rows if c["method"] == BLOCK_PAIRS[r["method"]] and c["k"] == r["k"]
+              and c.get("tokens_per_step")]
+        if not tw:
+            continue
+        c = tw[0]
+        lines.append(f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']} K={r['k']} vs token-wise: "
+                     f"{r['tokens_per_step']:.3f} vs {c['tokens_per_step']:.3f} tokens per target pass "
+                     f"(block/token x{r['tokens_per_step'] / c['tokens_per_step']:.3f}), "
+                     f"tokens/s x{r['tok_s'] / c['tok_s']:.2f}")
+    return lines
+
+
 def table_lines(rows, tree) -> List[str]:
     """The table's row lines, each (device, batch, temperature) block followed by its
     tree-vs-chain lines (:func:`tree_summary`, with ``tree`` the branching or None)."""
@@ -406,6 +441,7 @@ def table_lines(rows, tree) -> List[str]:
         lines += [format_row(r) for r in block]
         lines += tree_summary([r for r in block if "note" not in r], tree or ())
         lines += suffix_summary([r for r in block if "note" not in r])
+        lines += block_summary([r for r in block if "note" not in r])
     return lines
 
 
@@ -459,6 +495,8 @@ def main(argv):
     ap.add_argument("--tree", type=int_in(1), nargs="+", default=[4, 2, 2],
                     help="branching per depth of the 'engine tree' rows (default 4 2 2: 29 nodes, depth 3)")
     ap.add_argument("--no-tree", action="store_true", help="skip the tree speculation rows")
+    ap.add_argument("--no-block", dest="block", action="store_false",
+                    help="skip the block-verification rows ('engine block' at every --k, 'engine adaptive block')")
     args = ap.parse_args(argv)
     if args.no_tree:
         args.tree = None
