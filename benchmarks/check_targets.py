@@ -125,9 +125,16 @@ def block_targets(rows, dev, T):
             continue
         c = tw[0]
         where = f"{dev} T={T} B={r['batch']} {r['method']} K={r['k']}"
-        out.append((f"{where}: block tokens per target pass >= token-wise",
-                    r["tokens_per_step"] >= c["tokens_per_step"],
-                    f"{r['tokens_per_step']:.3f} vs {c['tokens_per_step']:.3f}"))
+        diff = r["tokens_per_step"] - c["tokens_per_step"]
+        se = None
+        if r.get("tokens_per_step_se") is not None and c.get("tokens_per_step_se") is not None:
+            se = (r["tokens_per_step_se"] ** 2 + c["tokens_per_step_se"] ** 2) ** 0.5
+        out.append((f"{where}: block tokens per target pass >= token-wise", diff >= 0,
+                    f"{r['tokens_per_step']:.3f} vs {c['tokens_per_step']:.3f}"
+                    + ("" if se is None else f" (difference {diff:+.3f} +- {se:.3f} s.e.)")))
+        if se is not None:  # a T > 0 run is one draw: below token-wise by more than 2 s.e. is a real loss
+            out.append((f"{where}: block tokens per target pass not below token-wise by more than 2 s.e.",
+                        diff >= -2 * se, f"{diff / se:+.1f} s.e." if se > 0 else f"{diff:+.3f}"))
         out.append((f"{where}: block tokens/s >= 0.9x token-wise", r["tok_s"] >= 0.9 * c["tok_s"],
                     f"x{r['tok_s'] / c['tok_s']:.2f}"))
     return out

@@ -118,6 +118,7 @@ def test_bench_e2e_smoke(tmp_path, capsys):
             "engine adaptive block"} <= methods
     engine = [r for r in rows if r["method"] == "engine"][0]
     block = [r for r in rows if r["method"] == "engine block"][0]
+    assert block["tokens_per_step_se"] >= 0 and engine["tokens_per_step_se"] >= 0
     assert block["k"] == 2 and block["tokens"] == 6  # greedy: one-hot drafts, the same law as token-wise
     assert engine["tokens"] == 6 and engine["speedup"] > 0 and 0 <= engine["bookkeeping"] < 1
     assert engine["rounds"] == 2 and engine["target_ratio"] > 0 and engine["predicted_r"] > 0
@@ -143,14 +144,15 @@ def test_bench_e2e_block_summary_pairs_rows_by_method_and_k():
 
     base = dict(device="cpu", batch=1, temperature=1.0)
     rows = [dict(base, method="engine", k=2, tokens_per_step=2.0, tok_s=100.0),
-            dict(base, method="engine", k=4, tokens_per_step=2.5, tok_s=110.0),
+            dict(base, method="engine", k=4, tokens_per_step=2.5, tok_s=110.0, tokens_per_step_se=0.04),
             dict(base, method="engine block", k=2, tokens_per_step=2.1, tok_s=101.0),
-            dict(base, method="engine block", k=4, tokens_per_step=2.4, tok_s=80.0),
+            dict(base, method="engine block", k=4, tokens_per_step=2.4, tok_s=80.0, tokens_per_step_se=0.04),
             dict(base, method="engine adaptive", k="<=4", tokens_per_step=2.2, tok_s=120.0),
             dict(base, method="engine adaptive block", k="<=4", tokens_per_step=2.3, tok_s=119.0)]
     lines = bench_e2e.block_summary(rows)
     assert lines[0].startswith("cpu   1 1.0 engine block K=2 vs token-wise: 2.100 vs 2.000 tokens per target pass")
-    assert "engine block K=4 vs token-wise: 2.400 vs 2.500" in lines[1]
+    assert "engine block K=4 vs token-wise: 2.400 vs 2.500" in lines[1] and "difference -0.100 +- 0.057 s.e." in lines[1]
+    assert "s.e." not in lines[0]  # no spread recorded for that pair
     assert "engine adaptive block K=<=4 vs token-wise: 2.300 vs 2.200" in lines[2] and len(lines) == 3
     spec = importlib.util.spec_from_file_location("check_targets", os.path.join(ROOT, "benchmarks", "check_targets.py"))
     ct = importlib.util.module_from_spec(spec)
@@ -159,6 +161,7 @@ def test_bench_e2e_block_summary_pairs_rows_by_method_and_k():
     assert judged["cpu T=1.0 B=1 engine block K=2: block tokens per target pass >= token-wise"]
     assert not judged["cpu T=1.0 B=1 engine block K=4: block tokens per target pass >= token-wise"]
     assert not judged["cpu T=1.0 B=1 engine block K=4: block tokens/s >= 0.9x token-wise"]
+    assert judged["cpu T=1.0 B=1 engine block K=4: block tokens per target pass not below token-wise by more than 2 s.e."]
     assert judged["cpu T=1.0 B=1 engine adaptive block K=<=4: block tokens/s >= 0.9x token-wise"]
 
 

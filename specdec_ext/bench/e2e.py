@@ -111,6 +111,7 @@ def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0,
     tokens = steps = accepted = rejections = 0
     draft_s = draft_steps = target_s = other_s = step_s = 0.0
     elapsed = 0.0
+    emitted: List[int] = []  # tokens each active row emitted at each step
     for ids, mask in groups:
         t0 = time.perf_counter()
         out = eng.generate(ids, max_new, temperature=temperature, seed=seed, attention_mask=mask)
@@ -119,6 +120,7 @@ def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0,
         steps += out.steps
         accepted += sum(s.accepted for s in out.stats)
         rejections += sum(s.rejections for s in out.stats)
+        emitted += [e for s in out.stats for e in s.emitted]
         draft_s += out.phase_s.draft
         draft_steps += out.draft_steps
         target_s += out.phase_s.target
@@ -127,6 +129,8 @@ def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0,
     return dict(tokens=tokens, seconds=elapsed, tok_s=tokens / elapsed,
                 alpha=accepted / tested if tested else None,
                 tokens_per_step=tokens / steps / len(groups[0][0]) if steps else None,
+                # the sampling error of tokens per row step (a T > 0 run is one draw of its law)
+                tokens_per_step_se=(statistics.stdev(emitted) / len(emitted) ** 0.5 if len(emitted) > 1 else None),
                 draft_s_per_token=draft_s / draft_steps if draft_steps else None,
                 target_s_per_step=target_s / steps if steps else None,
                 bookkeeping=other_s / step_s if step_s else None,
@@ -319,7 +323,10 @@ def summarize(device, B, T, c: Config, runs, base_runs) -> Dict[str, Any]:
     leviathan = alpha is not None and c_ratio is not None and isinstance(c.k, int)
     return dict(device=device, batch=B, temperature=T, method=c.method, k=c.k, rounds=len(runs),
                 tokens=runs[0]["tokens"], seconds=median_of("seconds"), tok_s=median_of("tok_s"), alpha=alpha,
-                tokens_per_step=median_of("tokens_per_step"), draft_s_per_token=median_of("draft_s_per_token"),
+                tokens_per_step=median_of("tokens_per_step"),
+                tokens_per_step_se=None if any(r.get("tokens_per_step_se") is None for r in runs)
+                else med(r["tokens_per_step_se"] for r in runs),
+                draft_s_per_token=median_of("draft_s_per_token"),
                 target_s_per_step=median_of("target_s_per_step"), bookkeeping=median_of("bookkeeping"),
                 draft_share=None if any(r.get("draft_share") is None for r in runs) else med(r["draft_share"] for r in runs),
                 speedup=per_round(lambda r, b, t: r["tok_s"] / b["tok_s"]), cost_ratio=c_ratio,
@@ -410,11 +417,20 @@ def suffix_summary(block_rows) -> List[str]:
 BLOCK_PAIRS = {"engine block": "engine", "engine adaptive block": "engine adaptive"}
 
 
+def difference_se(a, b) -> Optional[float]:
+    """Standard error of a's tokens per target pass minus b's (independent runs: each row's
+    ``tokens_per_step_se`` from the spread of its per-step emitted tokens); None when unknown."""
+    if a.get("tokens_per_step_se") is None or b.get("tokens_per_step_se") is None:
+        return None
+    return (a["tokens_per_step_se"] ** 2 + b["tokens_per_step_se"] ** 2) ** 0.5
+
+
 def block_summary(block_rows) -> List[str]:
     """Lines comparing each block-verification row with the token-wise row of the same K and
     policy in the block: tokens per target pass (what the joint rule gains: never less in
     expectation; the same law with one-hot drafts, so equal at T = 0) and tokens/s (what its
-    extra pass over the drafts costs)."""
+    extra pass over the drafts costs). At T > 0 each row is one draw of its law: the
+    difference is given with its standard error (:func:`difference_se`)."""
     lines = []
     for r in block_rows:
         if r["method"] not in BLOCK_PAIRS or not r.get("tokens_per_step"):
@@ -424,10 +440,13 @@ def block_summary(block_rows) -> List[str]:
         if not tw:
             continue
         c = tw[0]
+        se = difference_se(r, c)
         lines.append(f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']} K={r['k']} vs token-wise: "
                      f"{r['tokens_per_step']:.3f} vs {c['tokens_per_step']:.3f} tokens per target pass "
-                     f"(block/token x{r['tokens_per_step'] / c['tokens_per_step']:.3f}), "
-                     f"tokens/s x{r['tok_s'] / c['tok_s']:.2f}")
+                     f"(block/token x{r['tokens_per_step'] / c['tokens_per_step']:.3f}"
+                     + ("" if se is None else f"; difference {r['tokens_per_step'] - c['tokens_per_step']:+.3f} "
+                                              f"+- {se:.3f} s.e.") +
+                     f"), tokens/s x{r['tok_s'] / c['tok_s']:.2f}")
     return lines
 
 
