@@ -127,7 +127,7 @@ def block_targets(rows, dev, T):
         where = f"{dev} T={T} B={r['batch']} {r['method']} K={r['k']}"
         diff = r["tokens_per_step"] - c["tokens_per_step"]
         se = None
-        if r.get("tokens_per_step_se") is not None and c.get("tokens_per_step_se") is not None:
+        if T > 0 and r.get("tokens_per_step_se") is not None and c.get("tokens_per_step_se") is not None:
             se = (r["tokens_per_step_se"] ** 2 + c["tokens_per_step_se"] ** 2) ** 0.5
         out.append((f"{where}: block tokens per target pass >= token-wise", diff >= 0,
                     f"{r['tokens_per_step']:.3f} vs {c['tokens_per_step']:.3f}"

@@ -112,9 +112,10 @@ def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0,
     draft_s = draft_steps = target_s = other_s = step_s = 0.0
     elapsed = 0.0
     emitted: List[int] = []  # tokens each active row emitted at each step
-    for ids, mask in groups:
+    for i, (ids, mask) in enumerate(groups):
         t0 = time.perf_counter()
-        out = eng.generate(ids, max_new, temperature=temperature, seed=seed, attention_mask=mask)
+        # a seed per group: a prompt that comes back in a later group (--prompts > 8) is a new draw at T > 0
+        out = eng.generate(ids, max_new, temperature=temperature, seed=seed + i, attention_mask=mask)
         elapsed += time.perf_counter() - t0
         tokens += sum(len(g) for g in out.generated)
         steps += out.steps
@@ -440,7 +441,7 @@ def block_summary(block_rows) -> List[str]:
         if not tw:
             continue
         c = tw[0]
-        se = difference_se(r, c)
+        se = difference_se(r, c) if r["temperature"] > 0 else None  # T = 0: one-hot drafts, the same text
         lines.append(f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']} K={r['k']} vs token-wise: "
                      f"{r['tokens_per_step']:.3f} vs {c['tokens_per_step']:.3f} tokens per target pass "
                      f"(block/token x{r['tokens_per_step'] / c['tokens_per_step']:.3f}"
