@@ -27,7 +27,9 @@ from specdec_ext.distributed.launch import run_ranks
 def generate(target, draft, args) -> dict:
     """{temperature: generated token ids} for 0 (greedy) and args.temperature (seeded)."""
     ids = torch.tensor([bundled.load_tokenizer().encode(args.prompt).ids])
-    engine = SpeculativeEngine(target, draft, k=args.k, adaptive_k=False)
+    # token-wise verification in both: distributed.verify has no block rule (the engine's
+    # default for a vocabulary-parallel target), and the single process must use the same rule
+    engine = SpeculativeEngine(target, draft, k=args.k, adaptive_k=False, verify_mode="exact")
     return {t: engine.generate(ids, args.max_new_tokens, temperature=t, seed=args.seed).generated[0]
             for t in (0.0, args.temperature)}
 

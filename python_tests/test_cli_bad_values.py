@@ -73,7 +73,7 @@ BAD = {
         "--prompts": ["--prompts", "0"], "--repeats": ["--repeats", "0"], "--json": ["--json", NO_DIR],
         "--plot": ["--plot", NO_DIR], "--no-progress": ["--no-progress=1"], "--compile": ["--compile=1"],
         "--hf": ["--hf=1"], "--hf-k": ["--hf-k", "0"], "--only-hf": ["--only-hf=1"], "--tree": ["--tree", "0"],
-        "--no-tree": ["--no-tree=1"],
+        "--no-tree": ["--no-tree=1"], "--no-block": ["--no-block=1"],
     },
     "distributed": {
         "--quick": ["--quick=1"], "--world": ["--world", "0"], "--reps": ["--reps", "0"],

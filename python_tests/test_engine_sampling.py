@@ -320,11 +320,32 @@ def test_bad_sampling_arguments_fail_before_any_forward(kwargs, exc, msg):
     assert target.calls == draft.calls == 0
 
 
-@pytest.mark.parametrize("mode", ["fast", None, "Exact"])
+@pytest.mark.parametrize("mode", ["fast", "", "Exact", 1])
 def test_bad_verify_mode(mode):
     t = torch.randn(6, 6)
     with pytest.raises(ValueError, match=r"verify_mode must be one of \('exact', 'coupled', 'block'\)"):
         SpeculativeEngine(BigramModel(t), BigramModel(t), verify_mode=mode)
+
+
+def test_default_verify_mode_is_block_for_chains_and_exact_for_trees():
+    """verify_mode=None: block verification for chain speculation (same law, never fewer
+    accepted drafts in expectation), token-wise where block has no rule (trees, suffix trees,
+    a vocabulary-parallel target)."""
+    from specdec_ext.engine import SuffixConfig
+    from specdec_ext.engine.engine import default_verify_mode
+
+    t = torch.randn(6, 6)
+    assert SpeculativeEngine(BigramModel(t), BigramModel(t)).verify_mode == "block"
+    assert SpeculativeEngine(BigramModel(t), None).verify_mode == "block"
+    assert SpeculativeEngine(BigramModel(t), BigramModel(t), verify_mode="exact").verify_mode == "exact"
+    assert default_verify_mode((2, 2), None, BigramModel(t)) == "exact"
+    assert default_verify_mode(None, SuffixConfig(tree=True), BigramModel(t)) == "exact"
+    assert default_verify_mode(None, SuffixConfig(), BigramModel(t)) == "block"
+
+    class Sharded:
+        vocab_shard = object()
+
+    assert default_verify_mode(None, None, Sharded()) == "exact"
 
 
 # ---------------------------------------------------------------- CLI

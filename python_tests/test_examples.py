@@ -59,12 +59,12 @@ def test_budget_and_single_token_prompt(example, pair64):
 
 def test_sampled_text_equals_the_engine_with_the_same_seed(example):
     """At T = 1 the loop's offsets are the engine's (specdec_ext/engine/rng_keys.py): same seed,
-    same fixed K, same tokens."""
+    same fixed K, same rule (the loop verifies token by token), same tokens."""
     target, draft = bundled.load_pair(implementation="hf", check=False)
     ids = bundled.load_tokenizer().encode("def fibonacci(n):").ids
     new, _ = example.speculative_generate(target, draft, ids, 24, k=4, temperature=1.0, seed=5)
-    out = SpeculativeEngine(target, draft, k=4, adaptive_k=False).generate(torch.tensor([ids]), 24,
-                                                                           temperature=1.0, seed=5)
+    out = SpeculativeEngine(target, draft, k=4, adaptive_k=False, verify_mode="exact").generate(
+        torch.tensor([ids]), 24, temperature=1.0, seed=5)
     assert new == out.generated[0]
     assert new != example.speculative_generate(target, draft, ids, 24, k=4, temperature=1.0, seed=6)[0]
 

@@ -148,10 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="keep tokens with p >= min_p * max p, in [0, 1) (0 = off)")
     ap.add_argument("--coupled", action="store_true",
                     help="coupled verification: the text equals target-only sampling with the same --seed")
-    ap.add_argument("--verify", choices=["token", "block"], default="token",
-                    help="exact verification of the drafts token by token (default) or as a block (the same law, "
-                         "never fewer accepted drafts in expectation; gains with the draft model's sampled "
-                         "drafts only, the same as token for n-gram drafts); not with --coupled or --tree")
+    ap.add_argument("--verify", choices=["token", "block"], default=None,
+                    help="exact verification of the drafts token by token or as a block (the same law, never "
+                         "fewer accepted drafts in expectation; gains with the draft model's sampled drafts only, "
+                         "the same as token for n-gram drafts); default: block for chains, token for trees; "
+                         "block not with --coupled or --tree")
     ap.add_argument("--seed", type=_cli.seed, default=0,
                     help="sampling seed, any 64-bit pattern in [-2^63, 2^64 - 1] (the same seed gives the same text)")
     ap.add_argument("--eos-id", type=int_in(0), default=None, help="end-of-text id (default: the model's)")
@@ -492,9 +493,11 @@ def _sampling(args) -> dict:
     return dict(temperature=args.temperature, seed=args.seed, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
 
 
-def _mode(args) -> str:
-    """The engine's verify_mode from --coupled / --verify."""
-    return "coupled" if args.coupled else "block" if args.verify == "block" else "exact"
+def _mode(args) -> Optional[str]:
+    """The engine's verify_mode from --coupled / --verify (None: the engine's default)."""
+    if args.coupled:
+        return "coupled"
+    return {"block": "block", "token": "exact", None: None}[args.verify]
 
 
 def _fail(message: str) -> None:
