@@ -198,3 +198,30 @@ def test_speculation_that_does_not_fit_is_refused_with_the_largest_that_fits(cap
     """A tree or K one target pass cannot hold used to run silently cut (--tree 100 100 100 at depth 1)."""
     rc, err = _run(capsys, "generate", ["--prompt-ids", "5"] + argv)
     assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("argv, k", [
+    ([], 16), (["--drafter", "suffix"], 16), (["--drafter", "suffix", "--suffix-tree"], 5),
+    (["--drafter", "model"], 5), (["--drafter", "hybrid"], 5), (["--tree", "2", "2"], 5), (["--k", "3"], 3),
+])
+def test_default_k_is_16_for_drafts_from_the_text_and_5_with_a_draft_model(nothing_runs, argv, k):
+    from specdec_ext import generate
+
+    ap = generate.build_parser()
+    args = ap.parse_args(["--prompt-ids", "5", "6"] + argv)
+    generate.check_args(ap, args)
+    assert args.k == k
+
+
+def test_default_k_shrinks_to_fit_a_long_prompt_but_a_given_k_is_refused(capsys, nothing_runs):
+    """The bundled target holds 2048 positions: next to a 2040-token prompt a pass holds 9, so
+    the default K (16) becomes 8; an explicit --k 16 is refused with that advice."""
+    from specdec_ext import generate
+
+    ids = ["5"] * 2040
+    ap = generate.build_parser()
+    args = ap.parse_args(["--prompt-ids", *ids, "--max-new-tokens", "4"])
+    generate.check_args(ap, args)
+    assert args.k == 8
+    rc, err = _run(capsys, "generate", ["--prompt-ids", *ids, "--max-new-tokens", "4", "--k", "16"])
+    assert rc == 2 and "use --k 8 or less" in err, err

@@ -50,6 +50,14 @@ from .errors import CacheFullError, OutOfBlocksError
 
 PROG = "python -m specdec_ext.generate"
 DEFAULT_ROUNDS = 3
+#: --k when not given. The CLI decodes one request at a time (B = 1), where drafts taken from
+#: the text are free and a 17-token target pass costs about 1.4 one-token passes on a 2-core
+#: CPU: K = 16 measured 2.31x vs 2.18x (K = 5) on bench e2e's 8 prompts and 3.11x vs 2.58x on
+#: benchmarks/prompts/repetitive.jsonl (suffix), 2026-12-04 (benchmarks/RESULTS.md (e)).
+#: A draft model pays one forward per draft: K = 5. (The engine's own default stays 5: in a
+#: batch of 8 the wide pass costs more than it gains, 0.62x vs 0.88x.)
+DEFAULT_K_TEXT = 16
+DEFAULT_K_MODEL = 5
 
 EPILOG = """\
 the summary line:
@@ -121,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int_in(1), default=None,
                     help=f"timed rounds, each one speculative and one target-only run, interleaved; the "
                          f"summary gives the median speedup and its spread (default: {DEFAULT_ROUNDS})")
-    ap.add_argument("--k", type=int_in(0), default=5, help="drafts per step (the maximum when adapting)")
+    ap.add_argument("--k", type=int_in(0), default=None,
+                    help=f"drafts per step (the maximum when adapting); default {DEFAULT_K_TEXT} for --drafter ngram "
+                         f"/ suffix chains (drafts from the text cost no model step), {DEFAULT_K_MODEL} otherwise")
     ap.add_argument("--adaptive", nargs="?", const="cost", default=None, choices=["cost", "threshold", "budget"],
                     help="adapt K in [0, k] by the expected speedup from alpha and the measured step costs "
                          "(default: cost, per row), by 'threshold' (the simple rule), or by 'budget' (one "
@@ -202,9 +212,14 @@ def _check_drafter(ap: argparse.ArgumentParser, args) -> None:
         ap.error("--suffix-tree verifies token by token (verify_tree) only: drop --verify block")
     if args.suffix_tree and args.coupled:
         ap.error("--suffix-tree verifies in exact mode only: drop --coupled")
+    args.k_default = args.k is None  # a default K shrinks to fit a long prompt (a given one is refused)
     if args.tree is None:
         args.drafter = args.drafter or "ngram"
+        if args.k is None:
+            chains = args.drafter == "ngram" or (args.drafter == "suffix" and not args.suffix_tree)
+            args.k = DEFAULT_K_TEXT if chains else DEFAULT_K_MODEL
         return
+    args.k = DEFAULT_K_MODEL if args.k is None else args.k
     if args.drafter not in (None, "model"):
         ap.error(f"--tree drafts its tree with the draft model: drop --drafter {args.drafter}")
     if args.coupled:
@@ -363,6 +378,9 @@ def check_args(ap: argparse.ArgumentParser, args) -> dict:
             ap.error("--prompt encodes to no tokens" if args.prompt_file is None else
                      f"--prompt-file {args.prompt_file}: prompt {i + 1} encodes to no tokens")
     prompt_ids = max(encoded, key=len)
+    if args.k_default and args.tree is None:  # the first pass holds prompt - 1 entries, then K + 1
+        rooms = [cap - len(prompt_ids) for _, cap in _config_capacities(args) if cap is not None]
+        args.k = max(0, min([args.k] + rooms))
     problem = fits_message(len(prompt_ids), args.max_new_tokens, _config_capacities(args)) or \
         speculation_fits_message(args.tree, args.k, len(prompt_ids), _config_capacities(args))
     if problem:
