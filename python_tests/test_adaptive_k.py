@@ -54,6 +54,32 @@ def test_cost_policy_picks_the_rate_maximising_k():
     assert ks.count(0) == 14 and ks.count(1) == 2
 
 
+def test_frozen_width_cost_keeps_k_small_where_drafts_fail_and_long_where_they_pass():
+    """The model-free drafters' frozen cost (engine.TEXT_DRAFT_WIDTH_COST): a pass over S
+    tokens costs 1 + slope * (S - 1). With free drafts and a flat cost (slope 0) any alpha > 0
+    takes k_max; with the slope, rarely accepted drafts (T > 0) get K <= 2, repetitive text
+    (alpha 0.9+) k_max, and a batch of 8 (slope x 8) a shorter K than one row."""
+    from specdec_ext.engine.engine import TEXT_DRAFT_WIDTH_COST
+
+    def costs(rows):
+        return StepCosts(draft_guess=0.0, target_guess=1.0, frozen=True, target_slope=TEXT_DRAFT_WIDTH_COST * rows)
+
+    assert costs(1).target(17) == pytest.approx(1 + 16 * TEXT_DRAFT_WIDTH_COST)
+    flat = StepCosts(draft_guess=0.0, target_guess=1.0, frozen=True)
+    assert CostModelPolicy(16).choose([0.6], flat) == 16
+    assert 1 <= CostModelPolicy(16).choose([0.2], costs(1)) <= 2
+    assert CostModelPolicy(16).choose([0.95], costs(1)) == 16
+    assert CostModelPolicy(16).choose([0.8], costs(8)) < CostModelPolicy(16).choose([0.8], costs(1))
+    for alpha in (0.2, 0.5, 0.8):
+        best = max(range(17), key=lambda k: expected_tokens(alpha, k) / (1 + TEXT_DRAFT_WIDTH_COST * k))
+        assert CostModelPolicy(16).choose([alpha], costs(1)) == best
+    with pytest.raises(ValueError, match="target_slope must be >= 0"):
+        StepCosts(target_slope=-0.1)
+    measured = StepCosts(target_slope=0.5)
+    measured.add_target(1, 2.0)
+    assert measured.target(1) == pytest.approx(2.0)  # a measurement replaces the guess
+
+
 def test_threshold_policy_has_hysteresis():
     pol = ThresholdPolicy(k_high=6)
     seq = [pol.choose([a], None) for a in (0.9, 0.3, 0.45, 0.49, 0.5, 0.45)]

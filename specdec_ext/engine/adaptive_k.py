@@ -70,11 +70,17 @@ class StepCosts:
     (seconds for a target forward over S tokens per row), fitted by decayed least squares."""
 
     def __init__(self, decay: float = 0.9, draft_guess: float = 0.1, target_guess: float = 1.0,
-                 frozen: bool = False, freeze_after: Optional[int] = None):
+                 frozen: bool = False, freeze_after: Optional[int] = None, target_slope: float = 0.0):
         """frozen=True: keep the guesses (a known cost ratio), ignore measurements.
         freeze_after=N: stop learning once N target steps were measured (after warm-up), so
-        K choices do not swing with timing noise for the rest of the run."""
+        K choices do not swing with timing noise for the rest of the run.
+        target_slope: the guessed extra cost of each token per row past the first, as a share
+        of ``target_guess``: c_target(S) = target_guess * (1 + target_slope * (S - 1)) until
+        a measurement replaces it (0: a pass costs the same whatever S, Leviathan's model)."""
+        if not target_slope >= 0.0:
+            raise ValueError(f"target_slope must be >= 0, got {target_slope!r}")
         self.decay, self.frozen, self.freeze_after = decay, frozen, freeze_after
+        self._slope_guess = float(target_slope)
         self.draft_t, self.draft_w = draft_guess, 0.0
         # sums for the weighted linear fit t = a + b * S
         self._w = self._s = self._t = self._ss = self._st = 0.0
@@ -102,7 +108,7 @@ class StepCosts:
 
     def target(self, tokens: int) -> float:
         if self._w == 0.0:
-            return self._guess
+            return self._guess * (1.0 + self._slope_guess * (tokens - 1))
         mean_s, mean_t = self._s / self._w, self._t / self._w
         var = self._ss / self._w - mean_s * mean_s
         slope = (self._st / self._w - mean_s * mean_t) / var if var > 1e-9 else 0.0

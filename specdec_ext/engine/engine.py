@@ -77,6 +77,15 @@ _POLICIES = {True: "cost", False: "fixed", "cost": "cost", "fixed": "fixed", "th
 _DRAFTERS = ("auto", "model", "ngram", "hybrid", "suffix")
 
 
+#: The frozen cost model of the drafters without a model (no timing, so a seeded run makes the
+#: same K choices every time): a target pass over S tokens per row costs 1 + this * B * (S - 1)
+#: one-token passes for a batch of B rows. On the bundled target (2-core CPU) a 17-token pass
+#: measured 1.3-1.44 one-token passes at B = 1 and a 17-wide step of 8 rows about 2.6 plain
+#: steps (2026-12-04). It keeps K near 1-2 where drafts from the text are rarely accepted
+#: (sampling at T > 0) and lets it run to k_max on repetitive text (alpha >= 0.8).
+TEXT_DRAFT_WIDTH_COST = 0.02
+
+
 def default_verify_mode(tree, suffix, target) -> str:
     """The engine's verify_mode when none is given: "block" (the same law as token-wise
     verification, never fewer accepted drafts in expectation: measured +3-12% tokens per
@@ -302,7 +311,7 @@ class SpeculativeEngine:
         eos, seed = check_eos(eos_token_id, V), check_seed(seed, B)
         if seed is None and self.target.vocab_shard is not None:  # every rank must draw the same numbers
             seed = shared_seed(self.target.vocab_shard.group)
-        costs = self._costs(seed is not None)
+        costs = self._costs(seed is not None, len(prompts))
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())  # CPU generator: no sync
         sampling = SamplingArgs(self._to_device(temps), {n: self._to_device(v) if isinstance(v, torch.Tensor) else v
@@ -337,12 +346,13 @@ class SpeculativeEngine:
         shared = range(len(temps)) if self.coupled else (temps == 0).nonzero().flatten().tolist()
         return PerRowK(self.policy_kind, self.k_max, len(temps), frozenset(shared))
 
-    def _costs(self, seeded: bool) -> StepCosts:
-        """The cost model adaptive K starts from (see the ``step_costs`` parameter)."""
+    def _costs(self, seeded: bool, rows: int) -> StepCosts:
+        """The cost model adaptive K starts from (see the ``step_costs`` parameter), for a
+        batch of ``rows`` rows."""
         if self.step_costs is not None:
             return copy.deepcopy(self.step_costs)
-        if self.draft is None:  # n-gram drafting costs about nothing
-            return StepCosts(draft_guess=0.0, target_guess=1.0, frozen=True)
+        if self.draft is None:  # n-gram / suffix drafting costs about nothing; a wider pass does not
+            return StepCosts(draft_guess=0.0, target_guess=1.0, frozen=True, target_slope=TEXT_DRAFT_WIDTH_COST * rows)
         if seeded:  # reproducible: K must not follow measured timings
             return hinted_costs(self.target.step_cost_hint, self.draft.step_cost_hint) or StepCosts(frozen=True)
         return StepCosts(freeze_after=16)  # measured over a warm-up, then frozen: K does not follow timing noise
