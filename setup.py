@@ -116,11 +116,15 @@ def extensions():
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0+PTX")
     write_build_info(with_cuda)
     sources = ["csrc/ops.cpp", "csrc/sampling_args.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
-    cxx = ["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas"]
+    # -fopenmp: at::parallel_for is header code whose `#pragma omp parallel` is compiled here;
+    # without the flag every CPU kernel ran on one thread whatever torch.get_num_threads() said
+    # (the loader resolves libgomp.so.1 to the copy torch already loaded: one OpenMP runtime)
+    cxx = ["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas", "-fopenmp"]
+    link = ["-fopenmp"]
     define = [("SPECDEC_WITH_CUDA", "1" if with_cuda else "0")]
     if not with_cuda:
         return [cpp_extension.CppExtension(
-            "specdec_ext._C", sources, extra_compile_args={"cxx": cxx},
+            "specdec_ext._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=link,
             define_macros=define, include_dirs=[os.path.join(ROOT, "csrc")]), suffix_extension()]
     _log(f"building with CUDA kernels: CUDA_HOME={cpp_extension.CUDA_HOME}, "
          f"TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}, "
@@ -128,7 +132,7 @@ def extensions():
     sources += sorted(glob.glob("csrc/cuda/*.cpp")) + sorted(glob.glob("csrc/cuda/*.cu"))
     nvcc = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
     return [cpp_extension.CUDAExtension(
-        "specdec_ext._C", sources, extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+        "specdec_ext._C", sources, extra_compile_args={"cxx": cxx, "nvcc": nvcc}, extra_link_args=link,
         define_macros=define,
         include_dirs=[os.path.join(ROOT, "csrc")] + _cuda_include_dirs()), suffix_extension()]
 

@@ -394,7 +394,10 @@ inline float kth_largest(const T* row, int64_t V, int64_t k, float* max_out = nu
   std::vector<Candidate>& cand = topk_candidates();
   Vec vmax(-std::numeric_limits<float>::infinity());  // max_out: the row max in the same pass (NaN propagates)
   float tail_max = -std::numeric_limits<float>::infinity();
-  const size_t cap = static_cast<size_t>(std::max<int64_t>(4 * k, 2048));
+  // A small first buffer: tau starts rising after 4k tokens (k = 5, the logprobs op's top-n:
+  // 64 scalar pushes and a tiny nth_element instead of 2048 and a large one), and the buffer
+  // doubles whenever a shrink leaves it half full (many ties at tau), so shrinks stay amortised.
+  size_t cap = static_cast<size_t>(std::max<int64_t>(4 * k, 64));
   cand.clear();
   alignas(64) float buf[kTile];
   float tau = -std::numeric_limits<float>::infinity();
@@ -403,6 +406,7 @@ inline float kth_largest(const T* row, int64_t V, int64_t k, float* max_out = nu
                      [](const Candidate& a, const Candidate& b) { return a.x > b.x; });
     tau = cand[k - 1].x;
     cand.erase(std::remove_if(cand.begin(), cand.end(), [&](const Candidate& c) { return c.x < tau; }), cand.end());
+    cap = std::max(cap, 2 * cand.size());
   };
   for (int64_t v0 = 0; v0 < V; v0 += kTile) {
     const int64_t n = std::min(kTile, V - v0);
