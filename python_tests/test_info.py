@@ -132,3 +132,16 @@ def test_library_that_fails_to_load_says_rebuild(tmp_path):
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: specdec_ext's compiled ops (_C) in") and "failed to load" in last, r.stderr
     assert "Rebuild against the torch you run" in last
+
+
+def test_cpu_kernels_are_built_to_run_on_torchs_threads():
+    """at::parallel_for is header code: its ``#pragma omp parallel`` is compiled into _C, and
+    without -fopenmp it is dropped, so every CPU kernel ran on one thread whatever
+    torch.get_num_threads() said (the build of 2026-12-03 and before). A build with the flag
+    calls into the OpenMP runtime, and in the process that runtime is torch's own copy."""
+    import specdec_ext._C as ext
+
+    with open(ext.__file__, "rb") as f:
+        assert b"GOMP_parallel" in f.read(), "specdec_ext._C was built without -fopenmp (setup.py's cxx flags)"
+    loaded = {line.split()[-1] for line in open("/proc/self/maps") if "libgomp" in line}
+    assert len(loaded) <= 1, f"two OpenMP runtimes in one process: {loaded}"
