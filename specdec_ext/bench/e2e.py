@@ -9,7 +9,9 @@ medians, each ratio taken against the baseline of the same round:
   (``engine budget``: every row's K from one plan over the step, engine/budget.py), greedy
   (T = 0) and sampling (T = 1)
 * the same fixed-K and adaptive rows with block verification (``engine block``, ``engine
-  adaptive block``: ``verify_mode="block"``; ``--no-block`` skips them); after each block a
+  adaptive block``: ``verify_mode="block"``, the engine's default for chains; every other
+  engine row verifies token by token, ``verify_mode="exact"``, so that the pairs compare the
+  two rules; ``--no-block`` skips them); after each block a
   line per such row compares tokens per target pass and tokens/s with its token-wise row
   (:func:`block_summary`)
 * the engine with prompt-lookup (n-gram) drafting and with the hybrid drafter (n-gram
