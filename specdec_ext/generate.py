@@ -264,6 +264,12 @@ def fits_message(prompt_len: int, max_new_tokens: int, capacities) -> Optional[s
     return None
 
 
+def largest_k(cap: int, prompt_len: int) -> int:
+    """The largest K whose first pass fits a model holding ``cap`` positions next to the
+    prompt: that pass holds prompt_len - 1 entries, then K + 1 (negative: none fits)."""
+    return cap - prompt_len
+
+
 def speculation_fits_message(tree: Optional[List[int]], k: int, prompt_len: int, capacities) -> Optional[str]:
     """None when one target pass of the speculation (K + 1 positions, or every node of the
     tree) fits each model next to the prompt, else the one-line reason with the largest
@@ -273,9 +279,9 @@ def speculation_fits_message(tree: Optional[List[int]], k: int, prompt_len: int,
             continue
         room = cap - (prompt_len - 1)  # the first pass: prompt - 1 entries held, then the pass
         if tree is None:
-            if k + 1 > room:
+            if k > largest_k(cap, prompt_len):
                 return (f"--k {k}: a step scores K + 1 = {k + 1} positions, but the {name} model holds {cap} and the "
-                        f"prompt takes {prompt_len}; use --k {max(0, room - 1)} or less")
+                        f"prompt takes {prompt_len}; use --k {max(0, largest_k(cap, prompt_len))} or less")
             continue
         nodes, level, fits = 1, 1, []
         for b in tree:
@@ -378,9 +384,9 @@ def check_args(ap: argparse.ArgumentParser, args) -> dict:
             ap.error("--prompt encodes to no tokens" if args.prompt_file is None else
                      f"--prompt-file {args.prompt_file}: prompt {i + 1} encodes to no tokens")
     prompt_ids = max(encoded, key=len)
-    if args.k_default and args.tree is None:  # the first pass holds prompt - 1 entries, then K + 1
-        rooms = [cap - len(prompt_ids) for _, cap in _config_capacities(args) if cap is not None]
-        args.k = max(0, min([args.k] + rooms))
+    if args.k_default and args.tree is None:  # a default K shrinks to what speculation_fits_message accepts
+        fits = [largest_k(cap, len(prompt_ids)) for _, cap in _config_capacities(args) if cap is not None]
+        args.k = max(0, min([args.k] + fits))
     problem = fits_message(len(prompt_ids), args.max_new_tokens, _config_capacities(args)) or \
         speculation_fits_message(args.tree, args.k, len(prompt_ids), _config_capacities(args))
     if problem:
