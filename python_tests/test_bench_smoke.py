@@ -255,6 +255,20 @@ TINY_E2E = ["-m", "specdec_ext.bench", "e2e", "--device", "cpu", "--k", "1", "--
             "--max-new-tokens", "4", "--prompts", "1", "--no-progress", "--no-tree"]
 
 
+def test_bench_e2e_datastore(tmp_path):
+    """--datastore adds the 'engine ngram datastore' row (n-gram with retrieval drafting);
+    a missing corpus is a one-line error naming the flag."""
+    corpus = tmp_path / "corpus.py"
+    corpus.write_text("def f(x):\n    return x + 1\n" * 20)
+    path = tmp_path / "e2e.json"
+    r = cli_runner.run([*TINY_E2E, "--no-block", "--datastore", corpus, "--json", path], cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = {x["method"]: x for x in json.load(open(path))["rows"]}
+    assert rows["engine ngram datastore"]["tokens"] == 4 and rows["engine ngram datastore"]["speedup"] > 0
+    r = cli_runner.run([*TINY_E2E, "--datastore", tmp_path / "missing.u16"], cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "--datastore" in r.stderr and "no such file" in r.stderr
+
+
 @pytest.mark.skipif(os.environ.get("SPECDEC_BENCH_COMPILE") != "1",
                     reason="opt-in (SPECDEC_BENCH_COMPILE=1): freezing and compiling the bundled target's decode "
                            "steps takes 35-50 s on 2 cores, more than the default suite can spend on one flag")

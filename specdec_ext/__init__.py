@@ -21,7 +21,7 @@ import torch  # noqa: F401  (must come first: _C links against libtorch)
 from ._load import _C  # noqa: F401  (loads the library: registers torch.ops.specdec.*; says why when it cannot)
 from .cache import (Allocation, BlockManager, KVCache, PagedKVCache, TreeNodes, spec_attention_mask,
                     spec_attention_mask_bool, tree_attention_mask, tree_attention_mask_bool, tree_positions)
-from .engine import GenerationOutput, RowStats, SpecDecMetrics, SpeculativeEngine, SuffixConfig
+from .engine import Datastore, GenerationOutput, RowStats, SpecDecMetrics, SpeculativeEngine, SuffixConfig
 from .errors import CacheFullError, DeviceFlagError, ModelOutputError, OutOfBlocksError, SpecDecError
 from .ops import (LogprobsResult, TreeVerifyResult, VerifyResult, filtered_probs, kv_append_, kv_compact_,
                   kv_rollback_, mask_logits, paged_kv_append_, paged_kv_compact_, paged_kv_gather, sample,
@@ -35,7 +35,7 @@ def has_cuda_kernels() -> bool:
     return bool(_C.CUDA_KERNELS)
 
 
-__all__ = ["Allocation", "BlockManager", "CacheFullError", "DeviceFlagError", "GenerationOutput", "KVCache",
+__all__ = ["Allocation", "BlockManager", "CacheFullError", "Datastore", "DeviceFlagError", "GenerationOutput", "KVCache",
            "LogprobsResult", "ModelOutputError", "OutOfBlocksError", "PagedKVCache", "RowStats",
            "SpecDecError", "SpecDecMetrics", "SpeculativeEngine", "SuffixConfig", "TreeNodes", "TreeVerifyResult",
            "VerifyResult", "filtered_probs", "has_cuda_kernels", "kv_append_", "kv_compact_",

@@ -45,7 +45,7 @@ from . import _cli
 from ._cli import OneLineParser, int_in, temperature
 from ._validate import check_filter
 from .bench.timing import busy_reason, machine_load
-from .engine import SpecDecMetrics, SpeculativeEngine, SuffixConfig
+from .engine import Datastore, SpecDecMetrics, SpeculativeEngine, SuffixConfig
 from .errors import CacheFullError, OutOfBlocksError
 
 PROG = "python -m specdec_ext.generate"
@@ -151,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tree-mode", choices=["sampled", "topk"], default="sampled",
                     help="a tree node's children: i.i.d. draws from the draft's law, or its top tokens")
     ap.add_argument("--max-ngram", type=int_in(1), default=3, help="longest suffix n-gram matched")
+    ap.add_argument("--datastore", metavar="PATH", default=None,
+                    help="retrieval drafting (--drafter ngram / hybrid): where the prompt and output have no match "
+                         "of 2+ tokens, draft from this corpus: a text file, a directory of .py/.txt/.md files "
+                         "(encoded with the target's tokenizer), or token ids (.u16 / .i32, "
+                         "scripts/build_datastore.py)")
     ap.add_argument("--temperature", type=temperature, default=0.0, help="0 = greedy (default)")
     ap.add_argument("--top-k", type=_filter("top_k", int), default=None, help="keep the k most likely tokens (0 = off)")
     ap.add_argument("--top-p", type=_filter("top_p", float), default=None, help="nucleus sampling, in (0, 1] (1 = off)")
@@ -348,6 +353,12 @@ def check_args(ap: argparse.ArgumentParser, args) -> dict:
     the prompt's length against the models' capacity included. Returns the target's
     config.json."""
     _check_drafter(ap, args)
+    if args.datastore is not None:
+        if args.drafter not in ("ngram", "hybrid"):
+            ap.error(f"--datastore drafts next to prompt lookup: it needs --drafter ngram or hybrid, "
+                     f"not {args.drafter}")
+        if not os.path.exists(args.datastore):
+            ap.error(f"--datastore {args.datastore}: no such file or directory")
     if args.coupled and args.verify == "block":
         ap.error("--coupled and --verify block are two verification rules: pick one")
     _check_pair(ap, args)
@@ -617,12 +628,31 @@ def summary_line(t: Timings, baseline: bool, load: dict) -> str:
             f"load {load_text} on {load['cpu_count']} cores")
 
 
+def load_datastore(args):
+    """The --datastore corpus (a Datastore), or None; text goes through the target's tokenizer.
+    Built once per process (run() keeps it on args)."""
+    if args.datastore is None:
+        return None
+    if getattr(args, "datastore_built", None) is None:
+        tok = None
+        if not args.datastore.endswith((".u16", ".i32")) and os.path.exists(_tokenizer_path(args)):
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(_tokenizer_path(args))
+        try:
+            args.datastore_built = Datastore.from_path(args.datastore, tok)
+        except (OSError, ValueError) as e:
+            _fail(f"--datastore {args.datastore}: {e}")
+    return args.datastore_built
+
+
 def _engine(args, target, draft, metrics):
     suffix = SuffixConfig(tree=args.suffix_tree) if args.drafter == "suffix" else None
     return SpeculativeEngine(target, draft if _uses_draft_model(args) else None, k=args.k,
                              adaptive_k=False if args.fixed_k else (args.adaptive or "cost"), metrics=metrics,
                              drafter="auto" if args.drafter == "ngram" else args.drafter, max_ngram=args.max_ngram,
-                             verify_mode=_mode(args), tree=args.tree, tree_mode=args.tree_mode, suffix=suffix)
+                             verify_mode=_mode(args), tree=args.tree, tree_mode=args.tree_mode, suffix=suffix,
+                             datastore=load_datastore(args))
 
 
 def time_file_rounds(make_engine, plain, prompts, args, eos, rounds: int, update=lambda done: None):

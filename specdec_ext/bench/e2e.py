@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import os
 import statistics
 import sys
 import time
@@ -104,12 +105,12 @@ def _sync(device):
 
 
 def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0, drafter="auto", tree=None,
-               tree_mode="sampled", suffix=None, verify_mode="exact"):
+               tree_mode="sampled", suffix=None, verify_mode="exact", datastore=None):
     """groups: list of (ids, mask). Returns aggregate stats over all of them (``tree``: tree
     speculation with that branching; tokens_per_step is then tokens per target pass too;
-    ``verify_mode``: "exact" (token-wise) or "block")."""
+    ``verify_mode``: "exact" (token-wise) or "block"; ``datastore``: retrieval drafting next to n-gram)."""
     eng = SpeculativeEngine(target, draft, k=k, adaptive_k=adaptive, drafter=drafter, tree=tree, tree_mode=tree_mode,
-                            suffix=suffix, verify_mode=verify_mode)
+                            suffix=suffix, verify_mode=verify_mode, datastore=datastore)
     tokens = steps = accepted = rejections = 0
     draft_s = draft_steps = target_s = other_s = step_s = 0.0
     elapsed = 0.0
@@ -187,6 +188,9 @@ def _hf_model_configs(hf_target, hf_draft, hf_compiled, T, groups, args) -> List
            Config("HF-model engine", k, _engine(hf_target, hf_draft, k, False, T, groups, n), base),
            Config("HF-model adaptive", f"<={k}", _engine(hf_target, hf_draft, k, "cost", T, groups, n), base),
            Config("HF-model ngram", f"<={k}", _engine(hf_target, None, k, "cost", T, groups, n), base),
+           *([Config("HF-model ngram datastore", f"<={k}", _engine(hf_target, None, k, "cost", T, groups, n,
+                                                                   datastore=args.datastore_built), base)]
+             if args.datastore_built is not None else []),
            Config("HF-model hybrid", f"<={k}", _engine(hf_target, hf_draft, k, "cost", T, groups, n, drafter="hybrid"),
                   base),
            Config("HF-model per-row", k, _engine(HFSpecModel(hf_target), HFSpecModel(hf_draft), k, False, T, groups, n),
@@ -255,6 +259,9 @@ def configs(target, draft, compiled, hf_target, hf_draft, hf_compiled, B, T, gro
                 *([Config("engine adaptive block", f"<={kmax}", _engine(target, draft, kmax, "cost", T, groups, n,
                                                                         verify_mode="block"))] if args.block else []),
                 Config("engine ngram", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n)),
+                *([Config("engine ngram datastore", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n,
+                                                                         datastore=args.datastore_built))]
+                  if args.datastore_built is not None else []),
                 Config("engine hybrid", f"<={kmax}", _engine(target, draft, kmax, "cost", T, groups, n,
                                                              drafter="hybrid")),
                 Config("engine suffix", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n,
@@ -519,7 +526,22 @@ def main(argv):
     ap.add_argument("--no-tree", action="store_true", help="skip the tree speculation rows")
     ap.add_argument("--no-block", dest="block", action="store_false",
                     help="skip the block-verification rows ('engine block' at every --k, 'engine adaptive block')")
+    ap.add_argument("--datastore", metavar="PATH", default=None,
+                    help="add 'engine ngram datastore' rows (and 'HF-model ngram datastore' with --hf): n-gram "
+                         "drafting with retrieval from this corpus (a text file, a directory of .py/.txt/.md files "
+                         "or .u16 / .i32 token ids; text encoded with the bundled tokenizer)")
     args = ap.parse_args(argv)
+    args.datastore_built = None
+    if args.datastore is not None and not os.path.exists(args.datastore):
+        ap.error(f"--datastore {args.datastore}: no such file or directory")
+    if args.datastore is not None:
+        from .. import bundled
+        from ..engine import Datastore
+
+        try:
+            args.datastore_built = Datastore.from_path(args.datastore, bundled.load_tokenizer())
+        except (OSError, ValueError) as e:
+            ap.error(f"--datastore {args.datastore}: {e}")
     if args.no_tree:
         args.tree = None
     args.hf = args.hf or args.only_hf

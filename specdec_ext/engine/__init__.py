@@ -9,11 +9,13 @@
 - :mod:`.adaptive_k`  choosing K (Leviathan's model, acceptance estimates, step costs)
 - :mod:`.metrics`     Prometheus metrics;  :mod:`.outputs`  what ``generate`` returns
 - :mod:`.suffix`      suffix drafting (per-request and global suffix indexes)
+- :mod:`.datastore`   retrieval drafting from a fixed corpus (suffix array)
 - :mod:`.timing`      phase timers, the CUDA sync-debug guard
 """
+from .datastore import Datastore
 from .engine import SpeculativeEngine
 from .metrics import SpecDecMetrics
 from .outputs import GenerationOutput, PhaseTimes, RowStats
 from .suffix import SuffixConfig
 
-__all__ = ["GenerationOutput", "PhaseTimes", "RowStats", "SpecDecMetrics", "SpeculativeEngine", "SuffixConfig"]
+__all__ = ["Datastore", "GenerationOutput", "PhaseTimes", "RowStats", "SpecDecMetrics", "SpeculativeEngine", "SuffixConfig"]

@@ -61,6 +61,7 @@ from .commit import commit_step
 from .inputs import SamplingArgs, check_eos, check_filters, check_prompts, check_seed, check_temperature_rows
 from .metrics import SpecDecMetrics
 from .outputs import GenerationOutput
+from .datastore import Datastore, DatastoreRow
 from .ngram import NgramIndex
 from .phases import (check_rows, draft_phase, drop_entries, ngram_drafts, override_drafts, prefill, score_phase,
                      shared_seed, verify_phase)
@@ -156,6 +157,10 @@ class SpeculativeEngine:
         ``generate`` calls, bounded by ``suffix.max_cached_requests``), at most K tokens,
         also deterministic (one-hot q; trees with ``suffix=SuffixConfig(tree=True)``).
     suffix : SuffixConfig, optional (drafter 'suffix'): index depth, draft size, probability floor, cache bound, trees
+    datastore : Datastore, optional (drafters 'ngram' and 'hybrid'): a fixed corpus of token
+        ids (:mod:`.datastore`, retrieval drafting) that drafts for a row whose own text has
+        no match of ``datastore.min_context_match`` tokens; its ids must be < the target's
+        vocabulary. Deterministic drafts like n-gram's: the law stays exact.
     max_ngram : int >= 1, the longest suffix matched by n-gram drafting
     verify_mode : None | 'exact' | 'coupled' | 'block'
         None (default): 'block' for chain speculation, 'exact' where block verification does
@@ -185,7 +190,8 @@ class SpeculativeEngine:
                  metrics: Optional[SpecDecMetrics] = None, pad_token_id: Optional[int] = None,
                  step_costs: Optional[StepCosts] = None, drafter: str = "auto", max_ngram: int = 3,
                  verify_mode: Optional[str] = None, tree: Optional[Sequence[int]] = None,
-                 tree_mode: str = "sampled", suffix: Optional[SuffixConfig] = None):
+                 tree_mode: str = "sampled", suffix: Optional[SuffixConfig] = None,
+                 datastore: Optional[Datastore] = None):
         self.k_max = check_int("k", k, 0)
         if verify_mode is not None:
             verify_mode_arg(verify_mode, "verify_mode")
@@ -222,6 +228,21 @@ class SpeculativeEngine:
         self.pad_token_id = None if pad_token_id is None else check_int("pad_token_id", pad_token_id)
         self.step_costs = step_costs
         self.suffix = self._check_suffix(suffix)
+        self.datastore = self._check_datastore(datastore)
+
+    def _check_datastore(self, datastore: Optional[Datastore]) -> Optional[Datastore]:
+        """The datastore (drafters 'ngram' and 'hybrid'), after checking it fits the target."""
+        if datastore is None:
+            return None
+        if not isinstance(datastore, Datastore):
+            raise TypeError(f"datastore must be a specdec_ext.Datastore, got {type(datastore).__name__}")
+        if self.drafter not in ("ngram", "hybrid"):
+            raise ValueError(f"datastore= drafts next to n-gram drafting (drafter 'ngram' or 'hybrid', or no draft "
+                             f"model), got drafter={self.drafter!r}")
+        if self.tree is not None:
+            raise ValueError("datastore= drafts chains: it does not combine with tree=")
+        datastore.check_vocab(self.target.vocab_size)
+        return datastore
 
     def _check_suffix(self, config: Optional[SuffixConfig]) -> Optional[GlobalSuffixCache]:
         """The engine's global suffix index (drafter 'suffix'), after checking the config."""
@@ -331,7 +352,8 @@ class SpeculativeEngine:
         if self.suffix is not None:
             run.ngram = [SuffixRow(self.suffix, p) for p in prompts]
         elif self.drafter != "model":
-            run.ngram = [NgramIndex(self.max_ngram) for _ in prompts]
+            run.ngram = [NgramIndex(self.max_ngram) if self.datastore is None
+                         else DatastoreRow(self.datastore, self.max_ngram) for _ in prompts]
             for index, p in zip(run.ngram, prompts):
                 index.extend(p)
         if max_new_tokens > 0:

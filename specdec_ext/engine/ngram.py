@@ -38,9 +38,13 @@ class NgramIndex:
     def propose(self, k: int) -> List[int]:
         """Up to k tokens that followed the latest earlier occurrence of the longest matching
         suffix of the text; [] when no suffix of length >= min_ngram occurred before."""
+        return self.propose_match(k)[0]
+
+    def propose_match(self, k: int) -> Tuple[List[int], int]:
+        """(:meth:`propose`'s draft, the length of the matched suffix; 0 when none)."""
         L = len(self.text)
         for n in range(min(self.max_ngram, L - 1), self.min_ngram - 1, -1):
             start = self._next.get(tuple(self.text[L - n:]))
             if start is not None:
-                return self.text[start:start + k]
-        return []
+                return self.text[start:start + k], n
+        return [], 0
