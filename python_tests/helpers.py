@@ -146,3 +146,15 @@ class CountingOps:
             self.calls[name] = self.calls.get(name, 0) + 1
             return op(*args, **kwargs)
         return counted
+
+
+def run_generate(capsys, *argv):
+    """(exit code, stdout, stderr) of ``specdec_ext.generate.main(argv)`` in this process."""
+    from specdec_ext import generate
+
+    try:
+        rc = generate.main(list(argv))
+    except SystemExit as e:
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err

@@ -230,6 +230,16 @@ class LawCountError(AssertionError):
     """The chi-square checks of a test do not match the count ALPHA is corrected for."""
 
 
+
+def bigram_law_pvalue(generated, table: torch.Tensor, temperature: float, prompt, n: int = 3) -> float:
+    """The chi-square p-value of the first n generated tokens of every row against the exact
+    law of a bigram target (``table`` [V, V] logits, next-token law softmax(table[last] / T))
+    after ``prompt``: the emitted-law check of the model-free drafters' tests."""
+    V = table.shape[0]
+    p = torch.softmax(table.double() / temperature, -1).numpy()
+    law = sequence_law(lambda contexts: p[[c[-1] for c in contexts]], prompt, n, V)
+    return chi_square_pvalue(sequence_counts(generated, n, V), law)
+
 def _in_suite(fn) -> bool:
     try:
         return os.path.dirname(os.path.abspath(inspect.getsourcefile(fn))) == _SUITE_DIR

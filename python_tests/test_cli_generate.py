@@ -9,19 +9,13 @@ import pytest
 import torch
 
 import cli_runner
+from helpers import run_generate
 from specdec_ext import SpeculativeEngine, bundled, generate
 
 LONG = ["5"] * 2040  # the bundled pair holds 2048 positions
 
 
-def _main(capsys, *argv):
-    """(exit code, stdout, stderr) of generate.main(argv) in this process."""
-    try:
-        rc = generate.main(list(argv))
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
+_main = run_generate  # (exit code, stdout, stderr) of generate.main(argv) in this process
 
 
 @pytest.fixture

@@ -6,16 +6,11 @@ import json
 
 import pytest
 
-from specdec_ext import SpeculativeEngine, generate
+from helpers import run_generate
+from specdec_ext import SpeculativeEngine
 
 
-def _main(capsys, *argv):
-    try:
-        rc = generate.main(list(argv))
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
+_main = run_generate  # (exit code, stdout, stderr) of generate.main(argv) in this process
 
 
 @pytest.fixture
