@@ -165,6 +165,24 @@ def test_bench_e2e_block_summary_pairs_rows_by_method_and_k():
     assert judged["cpu T=1.0 B=1 engine adaptive block K=<=4: block tokens/s >= 0.9x token-wise"]
 
 
+def test_check_targets_prompt_lookup_target():
+    """Issue 32's peer target: the best model-free HF-model row (n-gram, datastore, suffix)
+    against HF prompt lookup at 1.5x; a planted pair just below comes out NOT MET."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_targets", os.path.join(ROOT, "benchmarks", "check_targets.py"))
+    ct = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ct)
+    base = dict(device="cpu", batch=1, temperature=0.0)
+    rows = [dict(base, method="HF prompt lookup", tok_s=100.0), dict(base, method="HF-model ngram", tok_s=140.0),
+            dict(base, method="HF-model suffix", tok_s=149.0), dict(base, method="HF-model hybrid", tok_s=400.0)]
+    [(name, ok, detail)] = ct.prompt_lookup_targets(rows, "cpu", 0.0)
+    assert not ok and detail == "149 (HF-model suffix) vs 100 tok/s"  # hybrid uses the draft model: not counted
+    rows.append(dict(base, method="HF-model ngram datastore", tok_s=150.0))
+    [(name, ok, detail)] = ct.prompt_lookup_targets(rows, "cpu", 0.0)
+    assert ok and "HF-model ngram datastore" in detail and "1.5x HF prompt lookup" in name
+
+
 def test_bench_e2e_summary_takes_per_round_ratios():
     """Speedup, c and r are medians of per-round ratios against the same round's baseline
     (a slow round slows the baseline and the row alike), not ratios of medians; c and the
@@ -200,7 +218,7 @@ def test_bench_e2e_hf_model_rows(tmp_path):
     rows = json.load(open(path))["rows"]
     methods = {r["method"] for r in rows}
     assert {"target-only", "HF-model target-only", "HF-model engine", "HF-model adaptive", "HF-model hybrid",
-            "HF-model per-row", "HF generate", "HF assisted"} <= methods
+            "HF-model per-row", "HF-model suffix", "HF generate", "HF assisted", "HF prompt lookup"} <= methods
     assert "engine" not in methods  # --only-hf
     for r in rows:
         if r["method"].startswith("HF-model"):

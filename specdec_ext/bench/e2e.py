@@ -188,6 +188,8 @@ def _hf_model_configs(hf_target, hf_draft, hf_compiled, T, groups, args) -> List
            Config("HF-model engine", k, _engine(hf_target, hf_draft, k, False, T, groups, n), base),
            Config("HF-model adaptive", f"<={k}", _engine(hf_target, hf_draft, k, "cost", T, groups, n), base),
            Config("HF-model ngram", f"<={k}", _engine(hf_target, None, k, "cost", T, groups, n), base),
+           Config("HF-model suffix", f"<={k}", _engine(hf_target, None, k, "cost", T, groups, n, drafter="suffix"),
+                  base),
            *([Config("HF-model ngram datastore", f"<={k}", _engine(hf_target, None, k, "cost", T, groups, n,
                                                                    datastore=args.datastore_built), base)]
              if args.datastore_built is not None else []),
