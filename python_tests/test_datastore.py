@@ -110,7 +110,8 @@ def test_inputs_of_every_kind_give_one_datastore(tmp_path):
     (tmp_path / "c.u16").write_bytes(array.array("H", ids).tobytes())
     (tmp_path / "c.i32").write_bytes(array.array("i", ids).tobytes())
     made = [Datastore(ids), Datastore(torch.tensor(ids)), Datastore(strided), Datastore(array.array("H", ids)),
-            Datastore.from_file(str(tmp_path / "c.u16")), Datastore.from_path(str(tmp_path / "c.i32"))]
+            Datastore.from_file(str(tmp_path / "c.u16")), Datastore.from_path(str(tmp_path / "c.i32")),
+            Datastore(np.array(ids, dtype=np.uint16)), Datastore(np.array(ids)[::-1][::-1])]
     for ds in made:
         assert ds.native.suffix_array() == made[0].native.suffix_array() and ds.max_token == 9
 
@@ -122,6 +123,8 @@ def test_argument_errors(tmp_path):
         Datastore([1.0])
     with pytest.raises(TypeError, match="integer tensor"):
         Datastore(torch.ones(3))
+    with pytest.raises(TypeError, match="integer tensor"):
+        Datastore(np.ones(3))
     with pytest.raises(ValueError, match="1-D"):
         Datastore(torch.ones(2, 2, dtype=torch.int64))
     with pytest.raises(ValueError, match="int32 .* or uint16"):

@@ -630,7 +630,7 @@ def summary_line(t: Timings, baseline: bool, load: dict) -> str:
 
 def load_datastore(args):
     """The --datastore corpus (a Datastore), or None; text goes through the target's tokenizer.
-    Built once per process (run() keeps it on args)."""
+    Built on the first call and kept on args (every engine of the run shares it)."""
     if args.datastore is None:
         return None
     if getattr(args, "datastore_built", None) is None:

@@ -45,7 +45,10 @@ def _native():
 
 
 def _token_buffer(tokens) -> array.array:
-    """tokens (Tensor [N] integer, a sequence of ints, or an int32 / uint16 buffer) -> array('i')."""
+    """tokens (Tensor [N] integer, a NumPy array, a sequence of ints, or an int32 / uint16
+    array.array) -> array('i' | 'H')."""
+    if type(tokens).__module__ == "numpy" and hasattr(tokens, "dtype"):  # without importing numpy
+        tokens = torch.as_tensor(tokens)
     if isinstance(tokens, torch.Tensor):
         if tokens.dim() != 1:
             raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
@@ -72,7 +75,8 @@ class Datastore:
 
     Parameters
     ----------
-    tokens : Tensor [N] integer, a sequence of ints, or array.array('i' | 'H'); ids >= 0
+    tokens : Tensor [N] integer, a NumPy array [N] integer, a sequence of ints, or
+        array.array('i' | 'H'); ids >= 0
         (documents may be joined by an end-of-text id: a match never crosses it usefully)
     max_depth : int >= 1, the longest suffix of a row's text matched (at most 63)
     min_prob : float in [0, 1], a draft stops before its continuation probability drops below

@@ -58,10 +58,10 @@ from ..ops._args import verify_mode_arg
 from .adaptive_k import PerRowK, StepCosts, hinted_costs
 from .budget import BudgetPolicy
 from .commit import commit_step
+from .datastore import Datastore, DatastoreRow
 from .inputs import SamplingArgs, check_eos, check_filters, check_prompts, check_seed, check_temperature_rows
 from .metrics import SpecDecMetrics
 from .outputs import GenerationOutput
-from .datastore import Datastore, DatastoreRow
 from .ngram import NgramIndex
 from .phases import (check_rows, draft_phase, drop_entries, ngram_drafts, override_drafts, prefill, score_phase,
                      shared_seed, verify_phase)
@@ -239,8 +239,6 @@ class SpeculativeEngine:
         if self.drafter not in ("ngram", "hybrid"):
             raise ValueError(f"datastore= drafts next to n-gram drafting (drafter 'ngram' or 'hybrid', or no draft "
                              f"model), got drafter={self.drafter!r}")
-        if self.tree is not None:
-            raise ValueError("datastore= drafts chains: it does not combine with tree=")
         datastore.check_vocab(self.target.vocab_size)
         return datastore
 
