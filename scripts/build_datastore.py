@@ -1,12 +1,13 @@
-"""Write the bundled pair's datastore: its training corpus as raw uint16 token ids.
+"""Write the bundled pair's training corpus as raw uint16 token ids, for --datastore.
 
-    python scripts/build_datastore.py --out specdec_ext/assets/tiny_pair/datastore.u16
+    python scripts/build_datastore.py --out /tmp/stdlib_corpus.u16 --max-tokens 4000000
+    python -m specdec_ext.generate --prompt "def fibonacci(n):" --datastore /tmp/stdlib_corpus.u16
 
 The corpus is the one scripts/train_tiny_pair.py trained the pair on (the standard library
 of the Python running the script, minus the held-out files), encoded by the bundled
 tokenizer, files joined by <|endoftext|>, the first --max-tokens ids kept. Retrieval
-drafting (specdec_ext.Datastore) searches it when a row's own text has no match. Then
-refresh the file's sum in checksums.json (printed).
+drafting (specdec_ext.Datastore) searches it when a row's own text has no match. The
+package ships no datastore: the file's sha256 is printed so that runs can name the corpus.
 """
 from __future__ import annotations
 
@@ -30,16 +31,14 @@ def main() -> None:
     tok = bundled.load_tokenizer()
     _, files = corpus_files()
     train, _ = split(files)
-    ids = encode(tok, train)
-    ids = [int(t) for t in (ids.tolist() if hasattr(ids, "tolist") else ids)][:args.max_tokens]
+    ids = encode(tok, train)[:args.max_tokens].tolist()  # Tensor [N] int64, ids < 4096
     buf = array.array("H", ids)
     if sys.byteorder != "little":
         buf.byteswap()
+    data = buf.tobytes()
     with open(args.out, "wb") as f:
-        buf.tofile(f)
-    with open(args.out, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    print(f"{args.out}: {len(ids)} tokens from {len(train)} files; sha256 {digest}")
+        f.write(data)
+    print(f"{args.out}: {len(ids)} tokens from {len(train)} files; sha256 {hashlib.sha256(data).hexdigest()}")
 
 
 if __name__ == "__main__":
