@@ -38,7 +38,7 @@ std::vector<int32_t> tokens_arg(const std::vector<int64_t>& in, const char* name
 std::vector<int32_t> corpus_arg(const py::buffer& buf) {
   const py::buffer_info info = buf.request();
   if (info.ndim != 1) throw py::value_error("tokens must be 1-D, got " + std::to_string(info.ndim) + " dimensions");
-  if (info.ndim == 1 && info.shape[0] > 1 && info.strides[0] != info.itemsize) {
+  if (info.shape[0] > 1 && info.strides[0] != info.itemsize) {
     throw py::value_error("tokens must be contiguous");
   }
   const bool i32 = info.itemsize == 4 && (info.format == "i" || info.format == "l" || info.format == "<i");

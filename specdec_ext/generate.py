@@ -443,14 +443,22 @@ def read_prompt_file(path: str) -> List[str]:
     return prompts
 
 
+def _tokenizer(args):
+    """The target's tokenizer.json (``tokenizers.Tokenizer``), loaded once and kept on args;
+    the caller has checked that the file exists."""
+    if getattr(args, "tokenizer", None) is None:
+        from tokenizers import Tokenizer
+
+        args.tokenizer = Tokenizer.from_file(_tokenizer_path(args))
+    return args.tokenizer
+
+
 def encode_prompts(args):
     """(tokenizer or None, [prompt token ids, ..]): --prompt / --prompt-file's prompts through
     the target's tokenizer.json, or --prompt-ids as given (one prompt)."""
     if args.prompt is None and args.prompt_file is None:
         return None, [list(args.prompt_ids)]
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(_tokenizer_path(args))
+    tok = _tokenizer(args)
     texts = [args.prompt] if args.prompt_file is None else args.prompts
     return tok, [tok.encode(t).ids for t in texts]
 
@@ -634,11 +642,8 @@ def load_datastore(args):
     if args.datastore is None:
         return None
     if getattr(args, "datastore_built", None) is None:
-        tok = None
-        if not args.datastore.endswith((".u16", ".i32")) and os.path.exists(_tokenizer_path(args)):
-            from tokenizers import Tokenizer
-
-            tok = Tokenizer.from_file(_tokenizer_path(args))
+        text = not args.datastore.endswith((".u16", ".i32"))
+        tok = _tokenizer(args) if text and os.path.exists(_tokenizer_path(args)) else None
         try:
             args.datastore_built = Datastore.from_path(args.datastore, tok)
         except (OSError, ValueError) as e:
