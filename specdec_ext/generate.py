@@ -217,21 +217,18 @@ def _check_drafter(ap: argparse.ArgumentParser, args) -> None:
         ap.error("--suffix-tree verifies token by token (verify_tree) only: drop --verify block")
     if args.suffix_tree and args.coupled:
         ap.error("--suffix-tree verifies in exact mode only: drop --coupled")
+    if args.tree is not None:
+        if args.drafter not in (None, "model"):
+            ap.error(f"--tree drafts its tree with the draft model: drop --drafter {args.drafter}")
+        if args.coupled:
+            ap.error("--tree verifies in exact mode only: drop --coupled")
+        if args.verify == "block":
+            ap.error("--tree verifies token by token only: drop --verify block")
+    args.drafter = "model" if args.tree is not None else args.drafter or "ngram"
     args.k_default = args.k is None  # a default K shrinks to fit a long prompt (a given one is refused)
-    if args.tree is None:
-        args.drafter = args.drafter or "ngram"
-        if args.k is None:
-            chains = args.drafter == "ngram" or (args.drafter == "suffix" and not args.suffix_tree)
-            args.k = DEFAULT_K_TEXT if chains else DEFAULT_K_MODEL
-        return
-    args.k = DEFAULT_K_MODEL if args.k is None else args.k
-    if args.drafter not in (None, "model"):
-        ap.error(f"--tree drafts its tree with the draft model: drop --drafter {args.drafter}")
-    if args.coupled:
-        ap.error("--tree verifies in exact mode only: drop --coupled")
-    if args.verify == "block":
-        ap.error("--tree verifies token by token only: drop --verify block")
-    args.drafter = "model"
+    if args.k is None:
+        chains = args.drafter == "ngram" or (args.drafter == "suffix" and not args.suffix_tree)
+        args.k = DEFAULT_K_TEXT if chains else DEFAULT_K_MODEL
 
 
 def _check_pair(ap: argparse.ArgumentParser, args) -> None:
