@@ -23,7 +23,10 @@ def _naive(text, k, max_n, min_n=1):
         suffix = text[len(text) - n:]
         for start in range(len(text) - n - 1, -1, -1):  # latest earlier occurrence first
             if text[start:start + n] == suffix:
-                return text[start + n:start + n + k]
+                seq = list(text)  # the overlapping copy: the draft copies the text it extends
+                for j in range(k):
+                    seq.append(seq[start + n + j])
+                return seq[len(text):]
     return []
 
 
@@ -35,7 +38,7 @@ def test_index_matches_a_naive_search(seed):
     cut = int(rng.integers(0, len(text) + 1))
     ix.extend(text[:cut])
     ix.extend(text[cut:])  # incremental == at once
-    for k in (1, 4):
+    for k in (1, 4, 16):
         assert ix.propose(k) == _naive(text, k, 3)
 
 
@@ -45,7 +48,12 @@ def test_index_edges():
     ix.extend([7])
     assert ix.propose(3) == []
     ix.extend([8, 7])
-    assert ix.propose(3) == [8, 7]  # "7" was followed by 8
+    assert ix.propose(3) == [8, 7, 8]  # "7" was followed by 8, 7, then the loop "8 7" goes on
+    assert ix.propose(1) == [8]
+    ix.extend([1, 2, 3, 1])  # "1" -> "2 3 1", then the period-3 loop
+    assert ix.propose(7) == [2, 3, 1, 2, 3, 1, 2]
+    ix.extend([5, 6, 5, 9, 5, 6, 5])  # latest "6 5" (n = 2) is followed by "9 5 6 5", then its copy
+    assert ix.propose(6) == [9, 5, 6, 5, 9, 5]
     with pytest.raises(ValueError, match="min_ngram"):
         NgramIndex(max_ngram=2, min_ngram=3)
 

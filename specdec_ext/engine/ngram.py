@@ -1,6 +1,14 @@
 """Prompt-lookup (n-gram) drafting: propose the tokens that followed the most recent earlier
 occurrence of the row's last n tokens (n from ``max_ngram`` down to ``min_ngram``).
 
+When that continuation runs into the end of the text (the text repeats with period P = the
+distance from the occurrence to the end), the draft goes on repeating the last P tokens: it
+is the copy ``seq[start + j]`` of the text extended by the draft itself (an overlapping copy,
+as in LZ77), so a loop of P < K tokens still gets a K-token draft. Text a small model
+decodes greedily loops often: over bench e2e's 8 prompts (greedy, 96 tokens, K = 16) a
+replay of the target's own text gives 3.43 tokens per step with the overlapping copy against
+2.71 without (transformers' prompt lookup, the earliest occurrence without it: 3.26).
+
 The drafts are deterministic given the text, so verify runs with one-hot q
 (``draft_probs=None``) and the output law stays exactly the target's. The index lives on
 the host, next to the committed text the engine already holds (one device-to-host copy per
@@ -37,7 +45,9 @@ class NgramIndex:
 
     def propose(self, k: int) -> List[int]:
         """Up to k tokens that followed the latest earlier occurrence of the longest matching
-        suffix of the text; [] when no suffix of length >= min_ngram occurred before."""
+        suffix of the text, continued by the overlapping copy (module docstring) where they
+        reach the end of the text, so exactly k tokens when there is a match; [] when no
+        suffix of length >= min_ngram occurred before."""
         return self.propose_match(k)[0]
 
     def propose_match(self, k: int) -> Tuple[List[int], int]:
@@ -46,5 +56,8 @@ class NgramIndex:
         for n in range(min(self.max_ngram, L - 1), self.min_ngram - 1, -1):
             start = self._next.get(tuple(self.text[L - n:]))
             if start is not None:
-                return self.text[start:start + k], n
+                draft = self.text[start:start + k]
+                if len(draft) < k:  # it reached the end: the text repeats with period L - start
+                    draft = (draft * -(-k // len(draft)))[:k]
+                return draft, n
         return [], 0
