@@ -149,7 +149,8 @@ class SpeculativeEngine:
     drafter : 'auto' | 'model' | 'ngram' | 'hybrid'
         'auto': the draft model if one is given, else n-gram. 'hybrid': n-gram drafts
         (:mod:`.ngram`: the tokens that followed the latest earlier occurrence of the row's
-        last ``max_ngram``..1 tokens in its prompt and output) for rows that have a match,
+        last ``max_ngram``..1 tokens in its prompt and output, a loop that reaches the end of
+        the text continued by repeating it) for rows that have a match,
         the draft model for the others; a step where every row has a match skips the draft
         model. n-gram drafts are deterministic: verify sees one-hot q and stays exact.
         'suffix' (:mod:`.suffix`, no draft model): drafts from a suffix index of the row's
