@@ -111,7 +111,60 @@ def test_fuzz_index_operation_sequences(depth, ops):
         assert ix.counts(list(pat)) == ref.counts(list(pat))
 
 
+def _row(prompt, **config):
+    from specdec_ext.engine.suffix import GlobalSuffixCache, SuffixRow
+
+    return SuffixRow(GlobalSuffixCache(SuffixConfig(max_cached_requests=0, **config)), prompt)
+
+
+def _continued_reference(text, k, c):
+    """SuffixRow's continued chain, by hand: one native lookup after the text, then again
+    after the text plus the chain while it is short, the floor divided by the last probability."""
+    ix = SuffixIndex(c.max_depth)
+    ix.add_sequence(0), ix.append(0, text)
+    tokens, probs, floor = [], [], c.min_prob
+    while len(tokens) < k:
+        got = ix.propose((text + tokens)[-c.max_depth:], k - len(tokens), c.factor, c.offset, floor, False)
+        if not got[0]:
+            break
+        last = probs[-1] if probs else 1.0
+        tokens += list(got[0])
+        probs += [last * q for q in got[2]]
+        if not c.continue_chains or probs[-1] <= 0.0 or c.min_prob > probs[-1]:
+            break
+        floor = min(1.0, c.min_prob / probs[-1])
+    return tokens, probs
+
+
+def test_chains_continue_past_the_end_of_a_loop():
+    row = _row([1, 2, 3, 1, 2, 3, 1], min_prob=0.0)
+    assert row.propose(10) == [2, 3, 1, 2, 3, 1, 2, 3, 1, 2]  # the loop goes on past the text's end
+    tokens, parents, probs = row.propose_tree(10)
+    assert parents == list(range(-1, 9)) and probs == sorted(probs, reverse=True)
+    once = _row([1, 2, 3, 1, 2, 3, 1], min_prob=0.0, continue_chains=False)
+    assert once.propose(10) == [2, 3, 1]  # one lookup: the earlier "1 2 3 1" was followed by "2 3 1", then the end
+    tree = _row([1, 2, 3, 1, 2, 3, 1], min_prob=0.0, tree=True)
+    assert tree.propose_tree(10) == ([2, 3, 1], [-1, 0, 1], [1.0, 1.0, 1.0])  # trees: one lookup
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_continued_chains_match_a_reference(seed):
+    rng = np.random.default_rng(seed)
+    text = rng.integers(0, 3, size=int(rng.integers(1, 40))).tolist()
+    c = SuffixConfig(max_depth=int(rng.integers(1, 8)), factor=float(rng.choice([0.5, 1.0, 2.0])),
+                     offset=float(rng.choice([0.0, 1.0])), min_prob=float(rng.choice([0.0, 0.1, 0.4])),
+                     continue_chains=bool(rng.integers(0, 2)), max_cached_requests=0)
+    row = _row(text, **{f: getattr(c, f) for f in ("max_depth", "factor", "offset", "min_prob", "continue_chains")})
+    for k in (1, 5, 16):
+        tokens, parents, probs = row.propose_tree(k)
+        want_tokens, want_probs = _continued_reference(text, k, c)
+        assert tokens == want_tokens and parents == list(range(-1, len(tokens) - 1))
+        assert probs == pytest.approx(want_probs, rel=1e-12) and all(p >= c.min_prob for p in probs)
+
+
 def test_config_errors():
+    with pytest.raises(TypeError, match="continue_chains"):
+        SuffixConfig(continue_chains=1)
     with pytest.raises(ValueError, match="min_prob"):
         SuffixConfig(min_prob=2.0)
     with pytest.raises(ValueError, match="factor"):
