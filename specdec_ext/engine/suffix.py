@@ -157,14 +157,15 @@ class SuffixRow:
         last token), probs); a chain unless the config asks for trees."""
         t0 = time.perf_counter()
         c = self.config
-        tokens, parents, probs = self._best(self.text[-c.max_depth:], k, c.min_prob) if k > 0 else ([], [], [])
+        tail = self.text[-c.max_depth:]  # all a lookup reads of the text
+        tokens, parents, probs = self._best(tail, k, c.min_prob) if k > 0 else ([], [], [])
         while c.continue_chains and not c.tree and 0 < len(tokens) < k:
             # the chain is a guess at the text: look up what follows the text extended by it,
             # keeping the running probability (last * the continuation's own) >= min_prob
             last = probs[-1]
             if last <= 0.0 or c.min_prob > last:
                 break
-            more, _, more_probs = self._best((self.text + tokens)[-c.max_depth:], k - len(tokens),
+            more, _, more_probs = self._best((tail + tokens)[-c.max_depth:], k - len(tokens),
                                              min(1.0, c.min_prob / last))
             if not more:
                 break
