@@ -4,8 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_ext.engine.adaptive_k import (AcceptanceEstimator, CostModelPolicy, PerRowK, StepCosts, ThresholdPolicy,
-                                           expected_tokens, make_policy, predicted_speedup)
+from specdec_ext.engine.adaptive_k import (MODEL_SOURCE, AcceptanceEstimator, CostModelPolicy, PerRowK, StepCosts,
+                                           TextDraftCosts, ThresholdPolicy, draft_source, expected_tokens, make_policy,
+                                           predicted_speedup, row_costs)
 
 
 def test_expected_tokens_and_speedup_closed_form():
@@ -26,6 +27,36 @@ def test_acceptance_estimate_moves_towards_outcomes():
     assert est.alpha(0) > 0.99 and est.alpha(1) < 0.02
     est.update(0, 0, 0)           # K = 0 steps carry no evidence
     assert est.alpha(0) > 0.99
+
+
+def test_estimates_are_kept_per_draft_source():
+    """A one-token prompt-lookup match that always fails and a three-token one that always
+    passes, in one row: each source keeps its own estimate; sources never updated (and the
+    row's sourceless estimate) stay at the prior."""
+    est = AcceptanceEstimator(1, rate=0.2, prior=0.5)
+    for _ in range(20):
+        est.update(0, 4, 4, draft_source(3))
+        est.update(0, 4, 0, draft_source(1))
+    assert est.alpha(0, "ngram3") > 0.99 and est.alpha(0, "ngram1") < 0.02
+    assert est.alpha(0, MODEL_SOURCE) == 0.5 and est.alpha(0) == 0.5
+
+
+def test_text_rows_pay_no_draft_cost():
+    """model_rows: only rows drafting with the draft model pay its steps (row_costs); a text
+    row with the same estimate takes the K of free drafts; model_rows=None: every row pays."""
+    costs = StepCosts(draft_guess=0.5, target_guess=1.0, frozen=True, target_slope=0.02)
+    free = max(range(9), key=lambda k: expected_tokens(0.7, k) / (1 + 0.02 * k))
+    paid = max(range(9), key=lambda k: expected_tokens(0.7, k) / (0.5 * k + 1 + 0.02 * k))
+    assert free > paid
+    ks = PerRowK("cost", 8, 2).choose({0: 0.7, 1: 0.7}, costs, None, model_rows=frozenset({1}))
+    assert ks == {0: free, 1: paid}
+    assert PerRowK("cost", 8, 2).choose({0: 0.7, 1: 0.7}, costs) == {0: paid, 1: paid}
+    # shared (greedy) rows: one K; the draft cost is paid when one of them drafts with the model
+    shared = PerRowK("cost", 8, 2, frozenset({0, 1}))
+    assert shared.choose({0: 0.7, 1: 0.7}, costs, None, model_rows=frozenset()) == {0: free, 1: free}
+    assert shared.choose({0: 0.7, 1: 0.7}, costs, None, model_rows=frozenset({1})) == {0: paid, 1: paid}
+    assert isinstance(row_costs(costs, [0], frozenset({1})), TextDraftCosts)
+    assert row_costs(costs, [0], None) is costs
 
 
 def test_cost_fit_recovers_a_linear_target_cost():

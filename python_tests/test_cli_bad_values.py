@@ -204,7 +204,7 @@ def test_speculation_that_does_not_fit_is_refused_with_the_largest_that_fits(cap
 
 @pytest.mark.parametrize("argv, k", [
     ([], 16), (["--drafter", "suffix"], 16), (["--drafter", "suffix", "--suffix-tree"], 5),
-    (["--drafter", "model"], 5), (["--drafter", "hybrid"], 5), (["--tree", "2", "2"], 5), (["--k", "3"], 3),
+    (["--drafter", "model"], 5), (["--drafter", "hybrid"], 16), (["--tree", "2", "2"], 5), (["--k", "3"], 3),
 ])
 def test_default_k_is_16_for_drafts_from_the_text_and_5_with_a_draft_model(nothing_runs, argv, k):
     from specdec_ext import generate

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from helpers import draws, ragged_prompts, run_generate
 from specdec_ext import Datastore, SpeculativeEngine
 from specdec_ext._suffix import TokenDatastore
-from specdec_ext.engine.datastore import DatastoreRow
+from specdec_ext.engine.datastore import DATASTORE_SOURCE, DatastoreRow
 from stats_reference import ALPHA, bigram_law_pvalue
 from table_models import BigramModel
 
@@ -184,6 +184,25 @@ def test_row_prefers_its_own_text_then_the_datastore():
     assert row.propose(3) == [5, 2] and row.from_datastore == 1  # own text: "4" never seen; "0 4 5" -> 3 or 2: the smaller
     row.extend([1, 0, 4])
     assert row.propose(3) == [1, 0, 4] and row.from_datastore == 1  # own match "1 0 4" (3 tokens) wins
+
+
+def test_row_sources_and_prefix_consistent_drafts():
+    """propose_source names where the draft came from, and the draft for k is the prefix of
+    the one for any larger k (the engine proposes k_max tokens before it chooses K)."""
+    row = DatastoreRow(Datastore([0, 4, 5, 3, 0, 4, 5, 2], prior=0.0, min_prob=0.0), max_ngram=3)
+    row.extend([1, 0, 4])
+    assert row.propose_source(3) == ([5, 2], DATASTORE_SOURCE)
+    row.extend([1, 0, 4])
+    assert row.propose_source(3) == ([1, 0, 4], "ngram3")
+    assert DatastoreRow(Datastore([7, 8]), max_ngram=2).propose_source(4) == ([], None)
+    gen = np.random.default_rng(5)
+    for _ in range(40):
+        ds = Datastore(gen.integers(0, 5, 300).tolist(), min_prob=float(gen.choice([0.0, 0.3])))
+        row = DatastoreRow(ds, max_ngram=int(gen.integers(1, 4)))
+        row.extend(gen.integers(0, 5, int(gen.integers(1, 12))).tolist())
+        longest, source = row.propose_source(24)
+        for k in range(1, 25):
+            assert row.propose_source(k) == (longest[:k], source)
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "hybrid"])

@@ -115,6 +115,70 @@ def test_caches_hold_exactly_the_committed_tokens(drafter):
             assert d == seq[:len(d)] and len(d) < len(seq)
 
 
+def _run(engine, ids, max_new_tokens=8, mask=None):
+    """The engine's state of a request after its prefill (no step taken)."""
+    return engine._start(ids, max_new_tokens, 0.0, 0, None, mask, dict(top_k=None, top_p=None, min_p=None))
+
+
+def test_k_follows_the_draft_source():
+    """K is chosen from the estimate of the step's draft source: the same row, with a
+    three-token match that passed and a one-token match that failed, drafts long for the
+    first and not at all for the second; the step's outcome is credited to its source."""
+    t = _looping_target()
+    eng = SpeculativeEngine(BigramModel(t), None, k=8)
+    run = _run(eng, torch.tensor([[1, 2, 3, 1, 2]]), 16)
+    for _ in range(30):
+        run.alpha.update(0, 8, 8, "ngram3")
+        run.alpha.update(0, 8, 0, "ngram1")
+    assert run.choose_ks(["ngram3"]) == [8]
+    assert run.choose_ks(["ngram1"]) == [0]
+    assert 0 < run.choose_ks(None)[0] < 8, "without sources: the row's own estimate, still the prior"
+    props, sources = eng._propose(run)
+    assert sources == ["ngram2"] and props == [[3, 1, 2, 3, 1, 2, 3, 1]]  # "1 2" occurred before
+    before = run.alpha.alpha(0, "ngram2")
+    run.choose_ks(["ngram2"])
+    from specdec_ext.engine.commit import commit_step
+    run.apply(commit_step([[3, 1, 5, -1, 1, 1, 1]], 3, run.active, run.pending, [0], 16, set(), ["idle"], [3]), 3)
+    assert run.alpha.alpha(0, "ngram2") < before < 1.0, "2 accepted then a rejection, credited to ngram2"
+    assert run.alpha.alpha(0, "ngram3") > 0.99
+
+
+def test_hybrid_rows_without_a_match_draft_with_the_model():
+    """Hybrid sources: a row with no match is a 'model' row (it pays draft steps); in a mixed
+    step the rows with a match are cut to the model rows' largest K, so the draft model never
+    runs further than a model row needs."""
+    t = _looping_target()
+    eng = SpeculativeEngine(BigramModel(t), BigramModel(t * 0.7 + _table(5) * 0.5), k=8, drafter="hybrid")
+    run = _run(eng, torch.tensor([[1, 2, 3, 1, 2], [0, 4, 5, 0, 0]]), 16, torch.tensor([[1] * 5, [1, 1, 1, 0, 0]]))
+    props, sources = eng._propose(run)
+    assert sources == ["ngram2", "model"]
+    ks, draft_ids, _, how = eng._draft(run, [8, 2], props)
+    assert ks == [2, 2] and draft_ids.shape == (2, 2)
+    assert draft_ids[0].tolist() == [3, 1] and how == ["overridden", "drafted"]
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "hybrid"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_adaptive_k_by_source_keeps_outputs_and_caches_exact(drafter, temperature):
+    """Adaptive K by draft source (the default policy) with ragged rows: greedy output equal to
+    target-only, and at T = 1 the caches hold exactly the committed tokens."""
+    t = _looping_target()
+    target, draft = BigramModel(t), BigramModel(t * 0.7 + _table(5) * 0.5)
+    ids, mask = ragged_prompts(vocab=V, seed=4)
+    eng = SpeculativeEngine(target, None if drafter == "ngram" else draft, k=8, drafter=drafter)
+    out = eng.generate(ids, 30, temperature=temperature, seed=3, attention_mask=mask)
+    if temperature == 0.0:
+        ref = SpeculativeEngine(BigramModel(t), "ngram", k=0).generate(ids, 30, temperature=0.0, attention_mask=mask)
+        assert out.generated == ref.generated
+    for b in range(ids.shape[0]):
+        seq = ids[b][mask[b] == 1].tolist() + out.generated[b]
+        assert target.history(b) == seq[:-1]
+        if drafter == "hybrid":
+            d = draft.history(b)
+            assert d == seq[:len(d)] and len(d) < len(seq)
+    assert sum(s.accepted for s in out.stats) > 0
+
+
 def test_drafter_arguments():
     t = _table(1)
     with pytest.raises(ValueError, match="needs a draft model"):

@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
                          f"summary gives the median speedup and its spread (default: {DEFAULT_ROUNDS})")
     ap.add_argument("--k", type=int_in(0), default=None,
                     help=f"drafts per step (the maximum when adapting); default {DEFAULT_K_TEXT} for --drafter ngram "
-                         f"/ suffix chains (drafts from the text cost no model step), {DEFAULT_K_MODEL} otherwise")
+                         f"/ hybrid / suffix chains (drafts from the text cost no model step), {DEFAULT_K_MODEL} otherwise")
     ap.add_argument("--adaptive", nargs="?", const="cost", default=None, choices=["cost", "threshold", "budget"],
                     help="adapt K in [0, k] by the expected speedup from alpha and the measured step costs "
                          "(default: cost, per row), by 'threshold' (the simple rule), or by 'budget' (one "
@@ -227,7 +227,8 @@ def _check_drafter(ap: argparse.ArgumentParser, args) -> None:
     args.drafter = "model" if args.tree is not None else args.drafter or "ngram"
     args.k_default = args.k is None  # a default K shrinks to fit a long prompt (a given one is refused)
     if args.k is None:
-        chains = args.drafter == "ngram" or (args.drafter == "suffix" and not args.suffix_tree)
+        # hybrid: most drafts come from the text; its model rows' K stays short by the cost model
+        chains = args.drafter in ("ngram", "hybrid") or (args.drafter == "suffix" and not args.suffix_tree)
         args.k = DEFAULT_K_TEXT if chains else DEFAULT_K_MODEL
 
 

@@ -18,7 +18,7 @@ and verify tests each row's K (``num_drafts``).
 """
 from __future__ import annotations
 
-from typing import AbstractSet, Dict, List, Optional, Sequence
+from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -40,29 +40,47 @@ def predicted_speedup(alpha: float, k: int, cost_ratio: float, target_ratio: flo
 
 
 class AcceptanceEstimator:
-    """Online per-request estimate of alpha from the outcomes of tested drafts.
+    """Online per-request estimate of alpha from the outcomes of tested drafts, one estimate
+    per (row, draft source).
 
     A step with K drafts and n accepted tested n + 1 drafts (n acceptances, then one
     rejection) or, if n = K, K drafts (all accepted); later drafts were never tested. Each
     tested draft moves the estimate by ``rate`` towards its outcome (an exponential moving
     average over the last ~1/rate tested drafts), so the estimate follows a changing
     acceptance rate within a few steps.
+
+    ``source`` names where a step's drafts came from (None: one estimate for the row). Drafts
+    of different sources are accepted at very different rates: a one-token prompt-lookup match
+    is rarely right, a three-token match inside a loop the text repeats nearly always, the draft
+    model in between. Kept apart, each source's estimate predicts its own next draft, so K can
+    follow the kind of draft a step has (the engine's sources: :func:`draft_source`).
     """
 
     def __init__(self, num_rows: int, rate: float = 0.15, prior: float = 0.5):
-        self.rate = rate
-        self._alpha = [prior] * num_rows
+        self.rate, self.prior = rate, prior
+        self._alpha: Dict[Tuple[int, Optional[str]], float] = {}
+        self.num_rows = num_rows
 
-    def update(self, row: int, k: int, accepted: int) -> None:
-        a = self._alpha[row]
+    def update(self, row: int, k: int, accepted: int, source: Optional[str] = None) -> None:
+        a = self.alpha(row, source)
         for _ in range(accepted):
             a += self.rate * (1.0 - a)
         if accepted < k:
             a -= self.rate * a
-        self._alpha[row] = a
+        self._alpha[(row, source)] = a
 
-    def alpha(self, row: int) -> float:
-        return self._alpha[row]
+    def alpha(self, row: int, source: Optional[str] = None) -> float:
+        return self._alpha.get((row, source), self.prior)
+
+
+def draft_source(match_length: int) -> str:
+    """The source name of a prompt-lookup draft whose matched suffix is ``match_length`` tokens
+    long (:meth:`.ngram.NgramIndex.propose_match`); see :class:`AcceptanceEstimator`."""
+    return f"ngram{match_length}"
+
+
+#: The source name of drafts the draft model proposed (see :class:`AcceptanceEstimator`).
+MODEL_SOURCE = "model"
 
 
 class StepCosts:
@@ -119,13 +137,36 @@ class StepCosts:
         return self.draft_t
 
 
-def hinted_costs(target_hint: Optional[float], draft_hint: Optional[float]) -> Optional["StepCosts"]:
+def hinted_costs(target_hint: Optional[float], draft_hint: Optional[float],
+                 target_slope: float = 0.0) -> Optional["StepCosts"]:
     """A frozen cost model from the models' step-cost hints (parameter counts): c = draft /
-    target. Deterministic, so a seeded run makes the same K decisions every time; None when
-    either hint is unknown."""
+    target (``target_slope``: as for :class:`StepCosts`). Deterministic, so a seeded run makes
+    the same K decisions every time; None when either hint is unknown."""
     if not target_hint or not draft_hint or target_hint <= 0 or draft_hint <= 0:
         return None
-    return StepCosts(draft_guess=draft_hint / target_hint, target_guess=1.0, frozen=True)
+    return StepCosts(draft_guess=draft_hint / target_hint, target_guess=1.0, frozen=True, target_slope=target_slope)
+
+
+class TextDraftCosts:
+    """The view of a :class:`StepCosts` for drafts taken from the text (prompt lookup, a
+    suffix index, a datastore): they cost no draft-model step, the target pass costs the same."""
+
+    def __init__(self, costs: StepCosts):
+        self.costs = costs
+
+    def draft(self) -> float:
+        return 0.0
+
+    def target(self, tokens: int) -> float:
+        return self.costs.target(tokens)
+
+
+def row_costs(costs: StepCosts, rows, model_rows: Optional[AbstractSet[int]]):
+    """The costs a choice for ``rows`` sees: ``costs`` when one of them drafts with the draft
+    model (``model_rows`` None: every row does), else its :class:`TextDraftCosts` view."""
+    if model_rows is None or any(b in model_rows for b in rows):
+        return costs
+    return TextDraftCosts(costs)
 
 
 class FixedK:
@@ -193,17 +234,20 @@ class PerRowK:
         self.shared, self.shared_rows = make_policy(kind, k), frozenset(shared_rows)
 
     def choose(self, alphas: Dict[int, float], costs: StepCosts,
-               caps: Optional[Dict[int, int]] = None) -> Dict[int, int]:
+               caps: Optional[Dict[int, int]] = None,
+               model_rows: Optional[AbstractSet[int]] = None) -> Dict[int, int]:
         """alphas {row: estimate} of the active rows -> {row: K in [0, k]}; caps {row: the
-        most K the row may take} (its token budget; default no cap). A shared row gets the
-        step's K: the largest of the shared choice and the own rows' (capped) choices,
-        capped by its own cap."""
+        most K the row may take} (its token budget; default no cap); model_rows: the rows
+        whose drafts this step come from the draft model (the others' cost no draft step,
+        :func:`row_costs`; None: every row's). A shared row gets the step's K: the largest
+        of the shared choice and the own rows' (capped) choices, capped by its own cap."""
         cap = (lambda b, k: min(k, caps[b])) if caps is not None else (lambda b, k: k)
-        ks = {b: cap(b, self.policies[b].choose([a], costs)) for b, a in alphas.items()
+        ks = {b: cap(b, self.policies[b].choose([a], row_costs(costs, [b], model_rows))) for b, a in alphas.items()
               if b not in self.shared_rows}
         shared = [b for b in alphas if b in self.shared_rows]
         if shared:
-            k = max([self.shared.choose([alphas[b] for b in shared], costs)] + list(ks.values()))
+            k = max([self.shared.choose([alphas[b] for b in shared], row_costs(costs, shared, model_rows))]
+                    + list(ks.values()))
             ks.update({b: cap(b, k) for b in shared})
         return ks
 
@@ -220,5 +264,5 @@ def make_policy(kind: str, k: int, k_max: Optional[int] = None):
     raise ValueError(f"adaptive policy must be 'fixed', 'cost' or 'threshold', got {kind!r}")
 
 
-__all__: List[str] = ["AcceptanceEstimator", "CostModelPolicy", "FixedK", "PerRowK", "StepCosts", "ThresholdPolicy",
-                      "expected_tokens", "hinted_costs", "make_policy", "predicted_speedup"]
+__all__: List[str] = ["AcceptanceEstimator", "MODEL_SOURCE", "CostModelPolicy", "FixedK", "PerRowK", "StepCosts", "TextDraftCosts", "ThresholdPolicy",
+                      "draft_source", "expected_tokens", "hinted_costs", "make_policy", "predicted_speedup", "row_costs"]

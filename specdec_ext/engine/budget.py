@@ -33,9 +33,9 @@ nothing.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple
+from typing import AbstractSet, Callable, Dict, Optional, Tuple
 
-from .adaptive_k import StepCosts
+from .adaptive_k import StepCosts, row_costs
 
 __all__ = ["BudgetPolicy", "padded_cost", "plan_budget", "ragged_cost"]
 
@@ -96,9 +96,13 @@ class BudgetPolicy:
         self.last_rate: Optional[float] = None  # the chosen plan's expected tokens per second
 
     def choose(self, alphas: Dict[int, float], costs: StepCosts,
-               caps: Optional[Dict[int, int]] = None) -> Dict[int, int]:
-        """alphas {row: estimate} of the active rows -> {row: K in [0, min(k_max, cap)]}."""
+               caps: Optional[Dict[int, int]] = None,
+               model_rows: Optional[AbstractSet[int]] = None) -> Dict[int, int]:
+        """alphas {row: estimate} of the active rows -> {row: K in [0, min(k_max, cap)]};
+        model_rows as for :meth:`.adaptive_k.PerRowK.choose` (a step pays draft-model steps
+        when one of its rows drafts with the model)."""
         caps = {r: min(self.k_max, self.k_max if caps is None else caps[r]) for r in alphas}
+        costs = row_costs(costs, alphas, model_rows)
         cost = (ragged_cost if self.ragged else padded_cost)(costs, len(alphas))
         ks, self.last_rate = plan_budget(alphas, caps, cost)
         if ks and max(ks.values()) == 0 and self.k_max > 0:

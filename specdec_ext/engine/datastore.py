@@ -26,9 +26,13 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from .._validate import check_int
+from .adaptive_k import draft_source
 from .ngram import NgramIndex
 
-__all__ = ["Datastore", "DatastoreRow"]
+__all__ = ["DATASTORE_SOURCE", "Datastore", "DatastoreRow"]
+
+#: The source name of drafts from the datastore (see :class:`.adaptive_k.AcceptanceEstimator`).
+DATASTORE_SOURCE = "datastore"
 
 #: the suffix array is sorted this many tokens deep: matches plus drafts stay within it
 SORT_DEPTH = 64
@@ -189,11 +193,17 @@ class DatastoreRow:
         self.local.extend(tokens)
 
     def propose(self, k: int) -> List[int]:
+        return self.propose_source(k)[0]
+
+    def propose_source(self, k: int) -> Tuple[List[int], Optional[str]]:
+        """(the draft, its source: ``ngramN`` from the row's own text (see
+        :meth:`.ngram.NgramIndex.propose_source`), :data:`DATASTORE_SOURCE` from the
+        datastore, None when neither has one). Prefix-consistent in k, as the n-gram draft."""
         own, n = self.local.propose_match(k)
         if n >= self.datastore.min_context_match or k == 0:
-            return own
+            return own, (draft_source(n) if own else None)
         drafted, _ = self.datastore.propose(self.local.text, k)
         if drafted:
             self.from_datastore += 1
-            return drafted
-        return own
+            return drafted, DATASTORE_SOURCE
+        return own, (draft_source(n) if own else None)

@@ -21,7 +21,11 @@ K per row (:class:`.adaptive_k.PerRowK`): each active row sampled at T > 0 choos
 K; greedy rows (and all rows in coupled mode), whose text does not depend on K, share one
 choice from all their acceptance estimates and test every draft of the step. The step
 drafts to the largest K and verify's ``num_drafts`` tells it each row's K. Finished rows
-get K = 0 and are not counted in stats or metrics.
+get K = 0 and are not counted in stats or metrics. With drafts from the text (n-gram,
+hybrid, a datastore) the proposal is made first and K read from the estimate of its source
+(a match of n tokens, the datastore, or the draft model for a hybrid row without a match,
+:class:`.adaptive_k.AcceptanceEstimator`); only draft-model rows pay draft steps in the cost
+model.
 
 Sampling: temperature and the top-k / top-p / min-p filters (numbers or per-row tensors)
 go to both the draft's :func:`specdec_ext.sample` (so ``draft_probs`` is the filtered q)
@@ -55,7 +59,7 @@ from ..cache import TreeNodes
 from ..errors import CacheFullError, OutOfBlocksError
 from ..models.adapt import adapt
 from ..ops._args import verify_mode_arg
-from .adaptive_k import PerRowK, StepCosts, hinted_costs
+from .adaptive_k import MODEL_SOURCE, PerRowK, StepCosts, hinted_costs
 from .budget import BudgetPolicy
 from .commit import commit_step
 from .datastore import Datastore, DatastoreRow
@@ -375,7 +379,10 @@ class SpeculativeEngine:
         if self.draft is None:  # n-gram / suffix drafting costs about nothing; a wider pass does not
             return StepCosts(draft_guess=0.0, target_guess=1.0, frozen=True, target_slope=TEXT_DRAFT_WIDTH_COST * rows)
         if seeded:  # reproducible: K must not follow measured timings
-            return hinted_costs(self.target.step_cost_hint, self.draft.step_cost_hint) or StepCosts(frozen=True)
+            # hybrid: its text drafts would take k_max every step on a flat curve; the text drafters' width cost
+            slope = TEXT_DRAFT_WIDTH_COST * rows if self.drafter == "hybrid" else 0.0
+            return (hinted_costs(self.target.step_cost_hint, self.draft.step_cost_hint, slope)
+                    or StepCosts(frozen=True, target_slope=slope))
         return StepCosts(freeze_after=16)  # measured over a warm-up, then frozen: K does not follow timing noise
 
     def _set_positions(self, run: Run) -> None:
@@ -418,9 +425,10 @@ class SpeculativeEngine:
         timer = make_timer(self.device)
         with sync:
             timer.mark()
-            ks = run.choose_ks()
+            props, sources = self._propose(run)
+            ks = run.choose_ks(sources)
             self._trim_finished(run, max(ks, default=0) + 1)
-            ks, draft_ids, draft_probs, how = self._draft(run, ks)
+            ks, draft_ids, draft_probs, how = self._draft(run, ks, props)
             k = draft_ids.shape[1]
             timer.mark()
             logits = score_phase(self.target, run.last, draft_ids)
@@ -441,7 +449,7 @@ class SpeculativeEngine:
         run.apply(commits, k)
         run.last = self._to_device(torch.tensor(run.last_tokens(), dtype=torch.int64))
         self._set_positions(run)
-        self._account(run, k, commits, timer.read(), time.perf_counter() - t0)
+        self._account(run, k, commits, timer.read(), time.perf_counter() - t0, model_drafted=how[0] != "idle")
 
     def _tree_step(self, run: Run, sync: SyncDebug) -> None:
         """One tree step (:mod:`.tree`): draft the tree -> score every node -> verify_tree ->
@@ -488,17 +496,42 @@ class SpeculativeEngine:
             if self.draft is not None:
                 drop_entries(self.draft, counts)
 
-    def _draft(self, run: Run, ks: List[int]):
+    def _propose(self, run: Run):
+        """(each row's text proposal of up to k_max tokens, each row's draft source) before K
+        is chosen, so that K follows the kind of draft (:class:`.adaptive_k.AcceptanceEstimator`):
+        prompt lookup and the datastore, whose drafts are prefixes of longer ones. A row with
+        no proposal drafts with the draft model (hybrid: source "model") or not at all. (None,
+        None) for the draft-model and suffix drafters: K is chosen first, from one estimate
+        per row, and the suffix index proposes for that K."""
+        if run.ngram is None or self.suffix is not None:
+            return None, None
+        props, sources = [], []
+        for b, index in enumerate(run.ngram):
+            prop, source = index.propose_source(self.k_max) if run.active[b] else ([], None)
+            props.append(prop)
+            sources.append(MODEL_SOURCE if source is None and self.draft is not None else source)
+        return props, sources
+
+    def _draft(self, run: Run, ks: List[int], props: Optional[List[List[int]]] = None):
         """(each row's K, draft_ids [B, K], draft_probs [B, K, V] or None, what the draft model
-        did per row), K = the step's largest row K. n-gram proposals where the drafter uses
-        them: a step where every row that drafts has one runs without the draft model (a row
-        tests only its proposal); otherwise the draft model drafts and the rows with a
-        proposal take it instead (q one-hot there, the row tests only its proposal)."""
+        did per row), K = the step's largest row K. Text proposals (``props``, from
+        :meth:`_propose`, cut to each row's K; proposed here for the suffix drafter) where the
+        drafter uses them: a step where every row that drafts has one runs without the draft
+        model (a row tests only its proposal); otherwise the draft model drafts to the largest
+        K of the rows without one (the others' K is cut to it) and the rows with a proposal
+        take it instead (q one-hot there, the row tests only its proposal)."""
         B = len(ks)
-        props = [run.ngram[b].propose(ks[b]) if run.ngram is not None and run.active[b] else [] for b in range(B)]
+        if props is None:
+            props = [run.ngram[b].propose(ks[b]) if run.ngram is not None and run.active[b] else [] for b in range(B)]
+        else:
+            props = [p[:kb] for p, kb in zip(props, ks)]
         if self.draft is None or (self.drafter == "hybrid" and all(props[b] for b in range(B) if ks[b])):
             ks = [min(kb, len(p)) for kb, p in zip(ks, props)]
             return ks, ngram_drafts(props, max(ks), self._to_device), None, ["idle"] * B
+        if self.drafter == "hybrid":  # the draft model runs for the rows without a proposal: their K bounds the step
+            k_model = max(kb for b, kb in enumerate(ks) if not props[b])
+            ks = [min(kb, k_model) for kb in ks]
+            props = [p[:kb] for p, kb in zip(props, ks)]
         k = max(ks)
         want_probs = not run.greedy and not run.keys.coupled  # coupled verify does not read q
         draft_ids, draft_probs = draft_phase(self.draft, run.pending, k, run.sampling, run.keys, run.step,
@@ -509,15 +542,17 @@ class SpeculativeEngine:
         how = ["idle" if k == 0 else ("overridden" if b in rows else "drafted") for b in range(B)]
         return ks, draft_ids, draft_probs, how
 
-    def _account(self, run: Run, k: int, commits, phases, step_s: float, width: Optional[int] = None) -> None:
+    def _account(self, run: Run, k: int, commits, phases, step_s: float, width: Optional[int] = None,
+                 model_drafted: bool = True) -> None:
         """Phase times, the cost model's measurements and the metrics of one step (K: the
         step's largest row K, or a tree's depth; the metrics count each active row's K;
-        ``width``: tokens per row of the target forward, default K + 1)."""
+        ``width``: tokens per row of the target forward, default K + 1; ``model_drafted``:
+        the draft model drafted, so the step measured its cost: a step of text drafts did not)."""
         draft_s, target_s, verify_s = phases
         p = run.phase
         p.draft, p.target, p.verify = p.draft + draft_s, p.target + target_s, p.verify + verify_s
         p.other += max(0.0, step_s - draft_s - target_s - verify_s)
-        if k > 0:
+        if k > 0 and model_drafted:
             run.costs.add_draft(draft_s / k)
         run.costs.add_target(k + 1 if width is None else width, target_s)
         if self.metrics is not None:

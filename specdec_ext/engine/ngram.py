@@ -17,9 +17,10 @@ device with the step's other non-blocking copies.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .._validate import check_int
+from .adaptive_k import draft_source
 
 __all__ = ["NgramIndex"]
 
@@ -49,6 +50,13 @@ class NgramIndex:
         reach the end of the text, so exactly k tokens when there is a match; [] when no
         suffix of length >= min_ngram occurred before."""
         return self.propose_match(k)[0]
+
+    def propose_source(self, k: int) -> Tuple[List[int], Optional[str]]:
+        """(:meth:`propose`'s draft, its source name for the acceptance estimates: ``ngramN``
+        for a matched suffix of N tokens, None when there is no draft). The draft is a
+        prefix of the one for any larger k, so it can be proposed before K is chosen."""
+        draft, n = self.propose_match(k)
+        return draft, (draft_source(n) if draft else None)
 
     def propose_match(self, k: int) -> Tuple[List[int], int]:
         """(:meth:`propose`'s draft, the length of the matched suffix; 0 when none)."""

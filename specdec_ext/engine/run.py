@@ -7,7 +7,7 @@ from typing import AbstractSet, List, Optional
 
 import torch
 
-from .adaptive_k import AcceptanceEstimator, PerRowK, StepCosts
+from .adaptive_k import MODEL_SOURCE, AcceptanceEstimator, PerRowK, StepCosts
 from .commit import RowCommit
 from .inputs import SamplingArgs
 from .ngram import NgramIndex
@@ -43,6 +43,7 @@ class Run:
     trimmed: List[int] = field(default_factory=list)  # entries dropped from each finished row (see trim_finished)
     stats: List[RowStats] = field(default_factory=list)
     alpha: Optional[AcceptanceEstimator] = None
+    sources: List[Optional[str]] = field(default_factory=list)  # each row's draft source this step (choose_ks)
     phase: PhaseTimes = field(default_factory=PhaseTimes)
     step: int = 0
     draft_steps: int = 0
@@ -55,6 +56,7 @@ class Run:
         self.trimmed = [0] * B
         self.stats = [RowStats() for _ in range(B)]
         self.alpha = AcceptanceEstimator(B)
+        self.sources = [None] * B
 
     def room(self, b: int) -> int:
         """The most drafts row b's caches can take in one step (K + 1 entries): the target
@@ -74,19 +76,28 @@ class Run:
         self.trimmed = [t + c for t, c in zip(self.trimmed, counts)]
         return counts
 
-    def choose_ks(self) -> List[int]:
+    def choose_ks(self, sources: Optional[List[Optional[str]]] = None) -> List[int]:
         """Each row's K for this step (0 for a finished row), from :class:`PerRowK`: a row at
         T > 0 (exact mode) its own policy's choice from its own acceptance estimate, a greedy
         / coupled row the step's K (the shared choice, or a larger own-row choice). Every
         choice is capped first so that the row does not draft past its token budget (a
         step emits at most K + 1 tokens) and so that every active row can take the step's
         max K + 1 entries (:meth:`active_room`; finished rows are trimmed to fit,
-        :meth:`trim_finished`)."""
+        :meth:`trim_finished`).
+
+        ``sources`` [B]: where each row's drafts come from this step (see
+        :class:`.adaptive_k.AcceptanceEstimator`; None: one estimate per row, and every row
+        pays the draft cost): each row's choice reads that source's estimate, and only rows
+        of :data:`.adaptive_k.MODEL_SOURCE` pay draft-model steps. :meth:`apply` credits the
+        step's outcome to the same sources."""
         B = len(self.prompts)
+        self.sources = list(sources) if sources is not None else [None] * B
         room = self.active_room()
         caps = {b: max(0, min(self.max_new_tokens - len(self.generated[b]) - 1, room))
                 for b in range(B) if self.active[b]}
-        chosen = self.policy.choose({b: self.alpha.alpha(b) for b in caps}, self.costs, caps)
+        model_rows = None if sources is None else frozenset(b for b in caps if sources[b] == MODEL_SOURCE)
+        chosen = self.policy.choose({b: self.alpha.alpha(b, self.sources[b]) for b in caps}, self.costs, caps,
+                                    model_rows)
         return [chosen.get(b, 0) for b in range(B)]
 
     def apply(self, commits: List[Optional[RowCommit]], k: int) -> None:
@@ -102,7 +113,7 @@ class Run:
                 self.pending[b] = c.draft_pending
             self.active[b] = not c.done
             self.stats[b].record(c.tested, c.accepted, len(c.emitted))
-            self.alpha.update(b, c.tested, c.accepted)
+            self.alpha.update(b, c.tested, c.accepted, self.sources[b])
         self.step += 1
         self.draft_steps += k
 

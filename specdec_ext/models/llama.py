@@ -36,6 +36,7 @@ from torch import nn
 from ..cache import TreeNodes
 from .base import CacheBackedSpecModel
 from .compiling import compile_step
+from .cpu_linear import linear, residual_linear
 from .llama_cache import ContiguousLlamaCache, LlamaCacheStep, PagedLlamaCache
 from .llama_config import LlamaConfig
 
@@ -79,10 +80,9 @@ class RMSNorm(nn.Module):
 
 
 def _residual_linear(x: torch.Tensor, h: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """``x + linear(h)`` for 2-D x [N, out], h [N, in]: one ``addmm`` without a bias."""
-    if linear.bias is None:
-        return torch.addmm(x, h, linear.weight.t())
-    return x + F.linear(h, linear.weight, linear.bias)
+    """``x + linear(h)`` for 2-D x [N, out], h [N, in]: one ``addmm`` without a bias (several
+    rows on a CPU: :func:`.cpu_linear.residual_linear`)."""
+    return residual_linear(x, h, linear.weight, linear.bias)
 
 
 def _linear(n_in: int, n_out: int, bias: bool, dtype, device) -> nn.Linear:
@@ -166,7 +166,7 @@ class LlamaAttention(_Fused):
         :func:`_rope`) -> the attention output projected back, ``x + o_proj(attn)`` [B * S, hidden]."""
         B, S = cos.shape[0], cos.shape[1]
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = F.linear(h, self.qkv_proj.weight, self.qkv_proj.bias)
+        qkv = linear(h, self.qkv_proj.weight, self.qkv_proj.bias)
         # RoPE on q and k together, in the projection's [B, S, heads, D] layout.
         qk = _rope(qkv.narrow(1, 0, (H + Hkv) * D).view(B, S, H + Hkv, D), cos, sin)
         q, k = qk.narrow(2, 0, H).transpose(1, 2), qk.narrow(2, H, Hkv).transpose(1, 2)
@@ -205,7 +205,7 @@ class LlamaMLP(_Fused):
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] residual, h [N, hidden] its normalised value -> ``x + mlp(h)``."""
-        gate, up = F.linear(h, self.gate_up_proj.weight, self.gate_up_proj.bias).chunk(2, dim=-1)
+        gate, up = linear(h, self.gate_up_proj.weight, self.gate_up_proj.bias).chunk(2, dim=-1)
         return _residual_linear(x, F.silu(gate) * up, self.down_proj)
 
 
@@ -383,7 +383,7 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.model.layers):
             x = layer.forward(x, cos, sin, i, cache, step)
         norm = self.model.norm
-        return F.linear(_rms_norm(x, norm.weight, norm.eps), self.lm_head.weight).view(B, S, -1)
+        return linear(_rms_norm(x, norm.weight, norm.eps), self.lm_head.weight).view(B, S, -1)
 
     def compile_decode(self, enable: bool = True, *, freeze: bool = False, **options: Any) -> "LlamaModel":
         """Run the layers of every step on a contiguous cache through
