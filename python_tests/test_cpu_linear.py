@@ -12,6 +12,15 @@ from specdec_ext.models.cpu_linear import linear, residual_linear, wide_linear_a
 needs_onednn = pytest.mark.skipif(not wide_linear_available(), reason="this torch has no oneDNN linear ops")
 
 
+@pytest.fixture(autouse=True)
+def every_weight_packed():
+    """The tests' small weights take the packed path too (the size bounds are tested apart)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_linear, "MIN_NUMEL_ROWS", 1)
+        mp.setattr(cpu_linear, "MIN_NUMEL_ONE_ROW", 1)
+        yield
+
+
 def _calls(monkeypatch):
     """Count the packed path's calls (the oneDNN op) made through cpu_linear."""
     seen = []
@@ -98,3 +107,20 @@ def test_meta_tensors_take_f_linear():
         res = residual_linear(torch.empty(4, 12, device="meta"), torch.empty(4, 8, device="meta"), w)
     assert out.shape == (4, 12) and out.device.type == "meta"
     assert res.shape == (4, 12)
+
+
+@needs_onednn
+def test_size_bounds_choose_the_path(monkeypatch):
+    """One row packs weights of MIN_NUMEL_ONE_ROW elements or more, several rows weights of
+    MIN_NUMEL_ROWS or more (where oneDNN's fixed cost per call pays), at most MAX_ROWS rows."""
+    monkeypatch.setattr(cpu_linear, "MIN_NUMEL_ROWS", 64)
+    monkeypatch.setattr(cpu_linear, "MIN_NUMEL_ONE_ROW", 256)
+    seen = _calls(monkeypatch)
+    small, large = torch.randn(8, 8), torch.randn(32, 8)  # 64 and 256 elements
+    with torch.no_grad():
+        for rows, w, packed in ((1, small, False), (1, large, True), (2, small, True), (2, torch.randn(7, 9), False),
+                                (cpu_linear.MAX_ROWS, large, True), (cpu_linear.MAX_ROWS + 1, large, False)):
+            seen.clear()
+            x = torch.randn(rows, w.shape[1])
+            torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+            assert bool(seen) == packed, (rows, tuple(w.shape))

@@ -9,7 +9,7 @@ tree step appends the tree's N nodes, moves the accepted path to the front of th
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -79,7 +79,8 @@ class KVCache:
         self.device = self.key_cache.device  # with its index ("cuda" -> "cuda:0")
         self.lengths = torch.zeros(batch_size, dtype=lengths_dtype, device=self.device)
         self.errors = torch.zeros(batch_size, dtype=torch.bool, device=self.device)
-        self._host = torch.zeros(batch_size, dtype=torch.int64)  # exact, or an upper bound
+        # exact, or an upper bound; plain ints: the per-step host checks are Python, not tensor ops
+        self._host: List[int] = [0] * batch_size
         self._pending = None  # (pinned snapshot of lengths, event, host additions since)
 
     # ---- views -------------------------------------------------------------------
@@ -92,21 +93,21 @@ class KVCache:
         """Views (keys, values) [B, H, kv_len, D] for attention (default: max host length)."""
         self._check_layer(layer)
         if kv_len is None:
-            kv_len = int(self._host.max()) if self.batch_size else 0
+            kv_len = max(self._host, default=0)
         check_int("kv_len", kv_len, 0, self.max_len)
         return self.key_cache[layer, :, :, :kv_len], self.value_cache[layer, :, :, :kv_len]
 
     def host_lengths(self) -> torch.Tensor:
         """Exact lengths on the host, int64 [B] (may wait for a pending device rollback)."""
         self._resolve(block=True)
-        return self._host.clone()
+        return torch.tensor(self._host, dtype=torch.int64)
 
     def attention_mask(self, q_len: int, dtype: Optional[torch.dtype] = None,
                        kv_len: Optional[int] = None) -> torch.Tensor:
         """Additive mask [B, 1, q_len, kv_len] for the q_len tokens being appended at ``lengths``
         (see :func:`spec_attention_mask`); kv_len defaults to max host length + q_len."""
         if kv_len is None:
-            kv_len = (int(self._host.max()) if self.batch_size else 0) + q_len
+            kv_len = max(self._host, default=0) + q_len
         return spec_attention_mask(self.lengths, q_len, kv_len, dtype or self.dtype)
 
     def begin_step(self, num_tokens: int) -> Tuple[int, bool]:
@@ -116,7 +117,7 @@ class KVCache:
         the keys attention reads this step (max host length + num_tokens) and whether the
         host lengths are exact (no device rollback pending)."""
         self._check_capacity(check_int("num_tokens", num_tokens, 0), "append")
-        return (int(self._host.max()) if self.batch_size else 0) + num_tokens, self._pending is None
+        return max(self._host, default=0) + num_tokens, self._pending is None
 
     # ---- writes ------------------------------------------------------------------
     def append(self, layer: int, new_k: torch.Tensor, new_v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -134,7 +135,7 @@ class KVCache:
         self._check_capacity(S, "append")
         kv_append_(self.key_cache[layer], self.value_cache[layer], new_k, new_v, self.lengths,
                    overflow=self.errors)
-        return self.view(layer, int(self._host.max()) + S if self.batch_size else 0)
+        return self.view(layer, max(self._host) + S if self.batch_size else 0)
 
     def advance(self, num_tokens: int) -> None:
         """lengths += num_tokens (after every layer appended them). Refused past max_len
@@ -142,7 +143,7 @@ class KVCache:
         num_tokens = check_int("num_tokens", num_tokens, 0)
         self._check_capacity(num_tokens, "advance")
         self.lengths.add_(num_tokens)
-        self._host.add_(num_tokens)
+        self._host = [h + num_tokens for h in self._host]
         if self._pending is not None:
             self._pending[2] += num_tokens
 
@@ -167,23 +168,23 @@ class KVCache:
         if num_kept.device.type == "cpu":
             self._resolve(block=True)
             kept = num_kept.to(torch.int64)
-            bad = (kept < 0) | (kept > num_appended)
-            if bool(bad.any()):
-                rows = bad.nonzero().flatten().tolist()
+            kept_list = kept.tolist()
+            bad = [b for b, k in enumerate(kept_list) if not 0 <= k <= num_appended]
+            if bad:
                 raise ValueError(f"num_kept must be in [0, num_appended={num_appended}] (no rolling forward); "
-                                 f"rows {rows} have {kept[bad].tolist()}; nothing changed")
-            new = self._host - (num_appended - kept)
-            if bool((new < 0).any()):
-                rows = (new < 0).nonzero().flatten().tolist()
-                raise ValueError(f"rollback would make the length of rows {rows} negative "
-                                 f"(lengths {self._host[new < 0].tolist()}, dropping "
-                                 f"{(num_appended - kept)[new < 0].tolist()}); nothing changed")
+                                 f"rows {bad} have {[kept_list[b] for b in bad]}; nothing changed")
+            new = [h - (num_appended - k) for h, k in zip(self._host, kept_list)]
+            neg = [b for b, n in enumerate(new) if n < 0]
+            if neg:
+                raise ValueError(f"rollback would make the length of rows {neg} negative "
+                                 f"(lengths {[self._host[b] for b in neg]}, dropping "
+                                 f"{[num_appended - kept_list[b] for b in neg]}); nothing changed")
             if self.device.type == "cuda":  # pinned + non_blocking: no host sync
                 kept_dev = kept.pin_memory().to(self.device, non_blocking=True)
             else:
                 kept_dev = kept.to(self.device)
             kv_rollback_(self.lengths, num_appended, kept_dev, invalid=self.errors)
-            self._host.copy_(new)
+            self._host = new
             return
         if num_kept.device != self.device:
             raise ValueError(f"num_kept is on {num_kept.device} but the cache is on {self.device}")
@@ -214,7 +215,7 @@ class KVCache:
         """
         num_appended = check_int("num_appended", num_appended, 0)
         self._resolve(block=False)  # the host mirror: exact, or an upper bound while a device rollback is pending
-        check_num_appended("KVCache", range(self.batch_size), self._host.tolist(), num_appended)
+        check_num_appended("KVCache", range(self.batch_size), list(self._host), num_appended)
         src_index, count = compact_rows(src_index, count, self.batch_size, num_appended, self.device)
         if num_appended == 0 or src_index.shape[1] == 0:
             return
@@ -231,7 +232,8 @@ class KVCache:
         if not idx:
             return
         index = torch.tensor(idx, dtype=torch.int64)
-        self._host[index] = 0
+        for r in idx:
+            self._host[r] = 0
         dev_index = index.to(self.device)
         self.lengths.index_fill_(0, dev_index, 0)
         self.errors.index_fill_(0, dev_index, False)
@@ -255,15 +257,14 @@ class KVCache:
         if not block and not event.query():
             return
         event.synchronize()
-        self._host.copy_(snapshot.to(torch.int64) + added)
+        self._host = [int(n) + added for n in snapshot.tolist()]
         self._pending = None
 
     def _check_capacity(self, S: int, what: str) -> None:
         self._resolve(block=False)
-        if bool((self._host + S > self.max_len).any()) and self._pending is not None:
+        if self._pending is not None and max(self._host, default=0) + S > self.max_len:
             self._resolve(block=True)
-        over = self._host + S > self.max_len
-        if bool(over.any()):
-            rows = over.nonzero().flatten().tolist()
-            raise CacheFullError(f"KVCache.{what}: rows {rows} hold {self._host[over].tolist()} tokens; "
+        rows = [b for b, h in enumerate(self._host) if h + S > self.max_len]
+        if rows:
+            raise CacheFullError(f"KVCache.{what}: rows {rows} hold {[self._host[b] for b in rows]} tokens; "
                              f"{S} more would exceed max_len={self.max_len} (refused; nothing changed)")

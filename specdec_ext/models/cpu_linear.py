@@ -11,14 +11,12 @@ weights (2 threads of a 2-core AMD EPYC VM, fp32, 2026-12-06): one row 0.52 ms, 
 matmuls, which wasted much of what speculation gains on a CPU (with the packed weights:
 1.06-1.14, and a 17-token pass 1.25-1.36).
 
-:func:`linear` takes the oneDNN path for 1 to :data:`MAX_ROWS` rows (weights packed on first
-use, kept while the weight tensor lives and is unchanged) and ``F.linear`` otherwise: more
-rows, other devices and
-dtypes than float32, autograd, weights made under ``torch.inference_mode`` (no version
-counter tells when they change), and inside ``torch.compile`` (which packs weights itself
-when freezing). One row takes the packed path too: inside the bundled target's forward it
-measured 2.55-2.61 ms against 2.84-2.86 ms with the BLAS GEMV (the same machine,
-2026-12-06). The results agree with ``F.linear`` to float32 rounding (another summation
+:func:`linear` takes the oneDNN path for 1 to :data:`MAX_ROWS` rows of a large enough weight
+(:data:`MIN_NUMEL_ROWS`, :data:`MIN_NUMEL_ONE_ROW`; packed on first use, kept while the weight
+tensor lives and is unchanged) and ``F.linear`` otherwise: more rows, small weights, other
+devices and dtypes than float32, autograd, weights made under ``torch.inference_mode`` (no
+version counter tells when they change), and inside ``torch.compile`` (which packs weights
+itself when freezing). The results agree with ``F.linear`` to float32 rounding (another summation
 order, as between BLAS's own paths).
 """
 from __future__ import annotations
@@ -29,14 +27,14 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["MAX_ROWS", "linear", "prime", "residual_linear", "wide_linear_available"]
+__all__ = ["MAX_ROWS", "MIN_NUMEL_ONE_ROW", "MIN_NUMEL_ROWS", "linear", "prime", "residual_linear", "wide_linear_available"]
 
 # id(weight) -> (a weak reference to it, its _version and data_ptr when packed, the packed copy)
 _PACKED: Dict[int, Tuple[weakref.ref, int, int, torch.Tensor]] = {}
 
 
 def wide_linear_available() -> bool:
-    """Whether this torch has the oneDNN linear ops :func:`linear` uses for several rows."""
+    """Whether this torch has the oneDNN linear ops :func:`linear` uses."""
     return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
@@ -50,6 +48,14 @@ _AVAILABLE = wide_linear_available()
 #: bound keeps that at most MAX_ROWS kernels per weight shape: about 60 MiB for a Llama's five
 #: weight shapes. :func:`prime` makes them all up front.
 MAX_ROWS = 17
+#: The smallest weight (elements) the packed path takes for several rows, and for one row.
+#: oneDNN spends 15-20 us more per call than the BLAS before any arithmetic, so it pays only
+#: where BLAS is slow: a GEMM of a few rows, or a one-row GEMV of a large weight. Measured in
+#: the bundled pair's forwards (2026-12-06): the 1-layer draft's one-token forward 0.34 ms with
+#: BLAS throughout, 0.54 ms packed throughout, 0.38 ms with these bounds; the target's 2.78,
+#: 2.81 and 2.48 ms; a 3-token target forward 4.18 ms with BLAS, 3.05 ms with these bounds.
+MIN_NUMEL_ROWS = 2 ** 15
+MIN_NUMEL_ONE_ROW = 2 ** 17
 
 
 def _packed(weight: torch.Tensor) -> torch.Tensor:
@@ -67,8 +73,9 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
 
 def _wide(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether x [M, in] @ weight.T takes the packed path (see the module docstring)."""
-    return (_AVAILABLE and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.device.type == "cpu"
+    return (_AVAILABLE and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS
+            and weight.numel() >= (MIN_NUMEL_ONE_ROW if x.shape[0] == 1 else MIN_NUMEL_ROWS)
+            and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.device.type == "cpu"
             and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
             and not weight.is_inference())  # an inference tensor keeps no version counter to renew the pack by
 
