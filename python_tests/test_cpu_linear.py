@@ -124,3 +124,16 @@ def test_size_bounds_choose_the_path(monkeypatch):
             x = torch.randn(rows, w.shape[1])
             torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
             assert bool(seen) == packed, (rows, tuple(w.shape))
+
+
+@pytest.mark.parametrize("case", ["x columns", "bias length", "residual shape"])
+def test_mismatched_shapes_raise_torch_s_own_error(case):
+    """A shape error comes from F.linear / addmm, naming the sizes, not from oneDNN."""
+    w = torch.randn(16, 8)
+    x = torch.randn(3, 7 if case == "x columns" else 8)
+    b = torch.randn(5) if case == "bias length" else None
+    with torch.no_grad(), pytest.raises(RuntimeError, match="size|shape"):
+        if case == "residual shape":
+            residual_linear(torch.randn(3, 15), x, w)
+        else:
+            linear(x, w, b)

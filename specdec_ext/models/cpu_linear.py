@@ -71,9 +71,13 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def _wide(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether x [M, in] @ weight.T takes the packed path (see the module docstring)."""
+def _wide(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    """Whether x [M, in] @ weight.T (+ bias) takes the packed path (see the module docstring).
+    Mismatched shapes go to ``F.linear``, whose error names them (oneDNN's would not)."""
     return (_AVAILABLE and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS
+            and weight.dim() == 2 and x.shape[1] == weight.shape[1]
+            and (bias is None or (bias.shape == weight.shape[:1] and bias.dtype == torch.float32
+                                  and bias.device.type == "cpu"))
             and weight.numel() >= (MIN_NUMEL_ONE_ROW if x.shape[0] == 1 else MIN_NUMEL_ROWS)
             and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.device.type == "cpu"
             and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
@@ -83,7 +87,7 @@ def _wide(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: x [M, in], weight [out, in], bias [out] or None -> [M, out]
     (x of any other rank goes to ``F.linear`` as it is)."""
-    if _wide(x, weight):
+    if _wide(x, weight, bias):
         return torch.ops.mkldnn._linear_pointwise(x, _packed(weight), bias, "none", [], "")
     return F.linear(x, weight, bias)
 
@@ -92,7 +96,8 @@ def residual_linear(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
                     bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``residual + F.linear(x, weight, bias)`` for 2-D residual [M, out] and x [M, in]: one
     ``addmm`` (no bias) or the packed linear with the add fused in."""
-    if _wide(x, weight) and residual.dtype == torch.float32 and residual.is_contiguous():
+    if (_wide(x, weight, bias) and residual.dtype == torch.float32 and residual.is_contiguous()
+            and residual.shape == (x.shape[0], weight.shape[0])):
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, _packed(weight), bias, "add")
     if bias is None:
         return torch.addmm(residual, x, weight.t())
