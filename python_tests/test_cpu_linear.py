@@ -137,3 +137,22 @@ def test_mismatched_shapes_raise_torch_s_own_error(case):
             residual_linear(torch.randn(3, 15), x, w)
         else:
             linear(x, w, b)
+
+
+@needs_onednn
+def test_prime_makes_the_kernels_of_both_kinds():
+    """After prime, neither kind of call (plain, residual add fused) at any row count the
+    packed path takes grows the process: oneDNN makes a kernel of ~0.7 MiB for each (row
+    count, weight shape, kind), so a prime that skipped the fused kind left ~10 MiB to grow."""
+    def rss_mib():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096 / 2 ** 20
+
+    w = torch.randn(200, 520)  # a shape no other test runs
+    with torch.no_grad():
+        cpu_linear.prime([w])
+        before = rss_mib()
+        for rows in range(1, cpu_linear.MAX_ROWS + 1):
+            linear(torch.zeros(rows, 520), w)
+            residual_linear(torch.zeros(rows, 200), torch.zeros(rows, 520), w)
+    assert rss_mib() - before < 3.0

@@ -57,9 +57,9 @@ class AcceptanceEstimator:
     """
 
     def __init__(self, num_rows: int, rate: float = 0.15, prior: float = 0.5):
+        # num_rows: kept for the callers; estimates are made on a row's first update
         self.rate, self.prior = rate, prior
-        self._alpha: Dict[Tuple[int, Optional[str]], float] = {}
-        self.num_rows = num_rows
+        self._alpha: Dict[Tuple[int, Optional[str]], float] = {}  # (row, source) -> alpha; absent: the prior
 
     def update(self, row: int, k: int, accepted: int, source: Optional[str] = None) -> None:
         a = self.alpha(row, source)
@@ -264,5 +264,6 @@ def make_policy(kind: str, k: int, k_max: Optional[int] = None):
     raise ValueError(f"adaptive policy must be 'fixed', 'cost' or 'threshold', got {kind!r}")
 
 
-__all__: List[str] = ["AcceptanceEstimator", "MODEL_SOURCE", "CostModelPolicy", "FixedK", "PerRowK", "StepCosts", "TextDraftCosts", "ThresholdPolicy",
-                      "draft_source", "expected_tokens", "hinted_costs", "make_policy", "predicted_speedup", "row_costs"]
+__all__: List[str] = ["AcceptanceEstimator", "MODEL_SOURCE", "CostModelPolicy", "FixedK", "PerRowK", "StepCosts",
+                      "TextDraftCosts", "ThresholdPolicy", "draft_source", "expected_tokens", "hinted_costs",
+                      "make_policy", "predicted_speedup", "row_costs"]

@@ -200,10 +200,11 @@ class DatastoreRow:
         :meth:`.ngram.NgramIndex.propose_source`), :data:`DATASTORE_SOURCE` from the
         datastore, None when neither has one). Prefix-consistent in k, as the n-gram draft."""
         own, n = self.local.propose_match(k)
+        own_source = draft_source(n) if own else None
         if n >= self.datastore.min_context_match or k == 0:
-            return own, (draft_source(n) if own else None)
+            return own, own_source
         drafted, _ = self.datastore.propose(self.local.text, k)
         if drafted:
             self.from_datastore += 1
             return drafted, DATASTORE_SOURCE
-        return own, (draft_source(n) if own else None)
+        return own, own_source

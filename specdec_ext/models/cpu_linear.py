@@ -16,8 +16,8 @@ matmuls, which wasted much of what speculation gains on a CPU. The whole forward
 tensor lives and is unchanged) and ``F.linear`` otherwise: more rows, small weights, other
 devices and dtypes than float32, autograd, weights made under ``torch.inference_mode`` (no
 version counter tells when they change), and inside ``torch.compile`` (which packs weights
-itself when freezing). The results agree with ``F.linear`` to float32 rounding (another summation
-order, as between BLAS's own paths).
+itself when freezing). The results agree with ``F.linear`` to float32 rounding (another
+summation order, as between BLAS's own paths).
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["MAX_ROWS", "MIN_NUMEL_ONE_ROW", "MIN_NUMEL_ROWS", "linear", "prime", "residual_linear", "wide_linear_available"]
+__all__ = ["MAX_ROWS", "MIN_NUMEL_ONE_ROW", "MIN_NUMEL_ROWS", "linear", "prime", "residual_linear",
+           "wide_linear_available"]
 
 # id(weight) -> (a weak reference to it, its _version and data_ptr when packed, the packed copy)
 _PACKED: Dict[int, Tuple[weakref.ref, int, int, torch.Tensor]] = {}
@@ -45,8 +46,9 @@ _AVAILABLE = wide_linear_available()
 #: ``F.linear`` (prefills, wide batches: BLAS's GEMM is efficient there). oneDNN keeps a kernel
 #: for each (row count, weight shape) it has run, about 0.7 MiB each (measured: 32 row counts
 #: of one weight shape grew the process by 21.6-27 MiB, from 64x32 to 4096x192 weights), so the
-#: bound keeps that at most MAX_ROWS kernels per weight shape: about 60 MiB for a Llama's five
-#: weight shapes. :func:`prime` makes them all up front.
+#: bound keeps that at most MAX_ROWS kernels per weight shape and kind (plain, or with the
+#: residual add fused): about 60 MiB for a Llama, whose five weight shapes each run one kind.
+#: :func:`prime` makes them all up front.
 MAX_ROWS = 17
 #: The smallest weight (elements) the packed path takes for several rows, and for one row.
 #: oneDNN spends 15-20 us more per call than the BLAS before any arithmetic, so it pays only
@@ -79,7 +81,8 @@ def _wide(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -
             and (bias is None or (bias.shape == weight.shape[:1] and bias.dtype == torch.float32
                                   and bias.device.type == "cpu"))
             and weight.numel() >= (MIN_NUMEL_ONE_ROW if x.shape[0] == 1 else MIN_NUMEL_ROWS)
-            and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.device.type == "cpu"
+            and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and x.device.type == "cpu" and weight.device.type == "cpu"
             and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
             and not weight.is_inference())  # an inference tensor keeps no version counter to renew the pack by
 
@@ -106,9 +109,12 @@ def residual_linear(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
 
 def prime(weights) -> None:
     """Pack ``weights`` (tensors [out, in]) and run each once at every row count the packed
-    path takes (1..MAX_ROWS), so that oneDNN's per-shape kernels exist up front and resident
-    memory stays flat afterwards (a server's warm-up; a soak test's baseline)."""
+    path takes (1..MAX_ROWS), as :func:`linear` and as :func:`residual_linear` (oneDNN makes
+    a kernel for each: the fused add is another one), so that the kernels exist up front and
+    resident memory stays flat afterwards (a server's warm-up; a soak test's baseline)."""
     with torch.no_grad():
         for w in weights:
             for rows in range(1, MAX_ROWS + 1):
-                linear(torch.zeros(rows, w.shape[1], dtype=w.dtype, device=w.device), w)
+                x = torch.zeros(rows, w.shape[1], dtype=w.dtype, device=w.device)
+                linear(x, w)
+                residual_linear(torch.zeros(rows, w.shape[0], dtype=w.dtype, device=w.device), x, w)
