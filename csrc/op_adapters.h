@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kv_args.h"
+#include "linear_args.h"
 #include "op_schemas.h"
 #include "sampling_args.h"
 
@@ -326,6 +327,22 @@ struct PagedKvCompactOp : KvBase<KVCompactParams> {
   }
   template <class K>
   static void launch(K k, Launch& L) { kv_compact_kernel(k, L.p); }
+};
+
+// ---- Dense layers (argument handling: linear_args.h) ----
+
+struct SkinnyLinearOp {
+  static constexpr const char* name = "skinny_linear";
+  using Launch = linear::SkinnyLinearLaunch;
+  static void prepare(Launch& L, Target, const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
+                      const OptTensor& residual) {
+    linear::prepare_skinny_linear(L, x, weight, bias, residual);
+  }
+  static bool empty(const Launch& L) { return L.p.M == 0 || L.p.N == 0; }
+  static void poison(const Launch& L) { poison_bytes(L.y); }
+  static at::Tensor outputs(const Launch& L) { return L.y; }
+  template <class K>
+  static void launch(K k, Launch& L) { skinny_linear_kernel(k, L.p); }
 };
 
 // ---- The adapter: the op's C++ signature deduced from Op::prepare ----

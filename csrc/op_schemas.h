@@ -299,6 +299,22 @@ inline constexpr const char* kPagedKvCompactSchema =
     "paged_kv_compact_(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor block_tables, Tensor lengths, "
     "Tensor src_index, Tensor count, Tensor(c!)? invalid=None) -> ()";
 
+// ---- Dense layers ----
+
+// A linear layer over a few rows, for the verification pass's matmuls on a CPU (CPU only):
+// y = x @ weight^T (+ bias) (+ residual). Every weight row is read once per call whatever M,
+// so 2 to ~17 rows cost about what one row costs (torch's BLAS path is a GEMV for one row and
+// a slower GEMM above). Row-invariant: each output is one dot product in a fixed order
+// (csrc/cpu/skinny_linear_kernels.h), so a row's result is the same bits whatever other rows
+// the call holds, on any thread count.
+//   x         [M, K] float32 (last dim stride 1, else copied)
+//   weight    [N, K] float32 (last dim stride 1, else copied): an nn.Linear weight
+//   bias      [N] float32, or None
+//   residual  [M, N] float32, or None: added after the bias (a decoder's residual stream)
+// returns y [M, N] float32, contiguous (a new tensor: the arguments are only read)
+inline constexpr const char* kSkinnyLinearSchema =
+    "skinny_linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None) -> Tensor";
+
 // ---- The op table: every op declared ONCE. csrc/ops.cpp defines each as torch.ops.specdec.*,
 // puts the device rule (BackendSelect) in front of each and exports the table to Python
 // (specdec_ext._C.OPS, read by specdec_ext/ops/registry.py, which the tests, the SIMT wrappers and
@@ -344,6 +360,7 @@ inline constexpr OpDecl kOps[] = {
     {"paged_kv_gather_into_", kPagedKvGatherIntoSchema, kCpu | kCuda, kNoHostArgs, "cuda/kv_kernels.cuh"},
     {"kv_compact_", kKvCompactSchema, kCpu | kCuda, kNoHostArgs, "cuda/kv_kernels.cuh"},
     {"paged_kv_compact_", kPagedKvCompactSchema, kCpu | kCuda, kNoHostArgs, "cuda/kv_kernels.cuh"},
+    {"skinny_linear", kSkinnyLinearSchema, kCpu, kNoHostArgs, nullptr},
 };
 
 // The index in kOps of the op named `name` (an unqualified name), or -1. constexpr: the

@@ -144,6 +144,12 @@ def _paged_kv_compact():
             torch.tensor([3, 2, 2]), torch.zeros(B, dtype=torch.bool)]
 
 
+def _skinny_linear():
+    g = torch.Generator().manual_seed(17)
+    return [torch.randn(3, 8, generator=g), torch.randn(5, 8, generator=g), torch.randn(5, generator=g),
+            torch.randn(3, 5, generator=g)]
+
+
 #: op name -> a function giving one call's arguments (every optional output buffer passed)
 CALLS = {
     "verify": _verify, "sample": _sample, "filtered_probs": _filtered, "mask_logits": _mask_logits, "softmax": _softmax,
@@ -155,6 +161,7 @@ CALLS = {
     "kv_append_": _kv_append, "kv_rollback_": _kv_rollback, "kv_compact_": _kv_compact,
     "paged_kv_append_": _paged_kv_append, "paged_kv_gather": _paged_kv_gather,
     "paged_kv_gather_into_": _paged_kv_gather_into, "paged_kv_compact_": _paged_kv_compact,
+    "skinny_linear": _skinny_linear,
 }
 
 

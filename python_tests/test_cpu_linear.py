@@ -1,40 +1,30 @@
-"""models/cpu_linear.py: the oneDNN-packed linear of the reference model on a CPU agrees with
-F.linear / addmm, follows weight updates, and falls back where it does not apply."""
+"""models/cpu_linear.py: the reference model's linears and the batched transformers path's
+``nn.Linear`` layers go through skinny_linear for a few float32 CPU rows, agree with F.linear /
+addmm, fall back where the kernel does not apply, and fast_linears leaves the model as it was."""
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 from specdec_ext.models import cpu_linear
-from specdec_ext.models.cpu_linear import linear, residual_linear, wide_linear_available
-
-needs_onednn = pytest.mark.skipif(not wide_linear_available(), reason="this torch has no oneDNN linear ops")
-
-
-@pytest.fixture(autouse=True)
-def every_weight_packed():
-    """The tests' small weights take the packed path too (the size bounds are tested apart)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu_linear, "MIN_NUMEL_ROWS", 1)
-        mp.setattr(cpu_linear, "MIN_NUMEL_ONE_ROW", 1)
-        yield
+from specdec_ext.models.cpu_linear import RowsLinear, fast_linears, linear, plain_linears, residual_linear
 
 
 def _calls(monkeypatch):
-    """Count the packed path's calls (the oneDNN op) made through cpu_linear."""
+    """Record the skinny kernel's calls made through cpu_linear (x's row count each)."""
     seen = []
-    real = cpu_linear._packed
+    real = cpu_linear._op
 
-    def counting(weight):
-        seen.append(weight)
-        return real(weight)
+    def counting(x, w, b, r):
+        seen.append(x.shape[0])
+        return real(x, w, b, r)
 
-    monkeypatch.setattr(cpu_linear, "_packed", counting)
+    monkeypatch.setattr(cpu_linear, "_op", counting)
     return seen
 
 
-@needs_onednn
 @settings(max_examples=40, deadline=None)
 # rows past MAX_ROWS take F.linear
 @given(rows=st.integers(1, 40), n_in=st.integers(1, 70), n_out=st.integers(1, 90), bias=st.booleans(),
@@ -51,45 +41,34 @@ def test_matches_f_linear_and_addmm(rows, n_in, n_out, bias, scale, seed):
         torch.testing.assert_close(residual_linear(r, x, w, b), r + F.linear(x, w, b), **tol)
 
 
-@needs_onednn
-def test_packed_path_is_taken_and_follows_in_place_weight_updates(monkeypatch):
+def test_rows_up_to_max_rows_take_the_kernel(monkeypatch):
     seen = _calls(monkeypatch)
-    w = torch.randn(48, 16)
-    x = torch.randn(5, 16)
+    w, b = torch.randn(12, 8), torch.randn(12)
     with torch.no_grad():
-        first = linear(x, w)
-        assert len(seen) == 1, "float32 rows on a CPU without grad take the packed path"
-        w.mul_(2.0)  # an in-place write: the packed copy must be renewed
-        torch.testing.assert_close(linear(x, w), 2.0 * first, rtol=1e-5, atol=1e-5)
-        w.copy_(torch.zeros_like(w))  # load_state_dict writes weights like this
-        assert linear(x, w).abs().max().item() == 0.0
+        for rows in (1, 2, 5, cpu_linear.MAX_ROWS, cpu_linear.MAX_ROWS + 1):
+            seen.clear()
+            x = torch.randn(rows, 8)
+            linear(x, w, b)
+            residual_linear(torch.randn(rows, 12), x, w, b)
+            assert seen == ([rows, rows] if rows <= cpu_linear.MAX_ROWS else []), rows
 
 
-@needs_onednn
-def test_pack_is_made_once_per_weight_and_dropped_with_it():
-    w = torch.randn(32, 8)
-    x = torch.randn(3, 8)
-    with torch.no_grad():
-        linear(x, w)
-        entry = cpu_linear._PACKED[id(w)]
-        linear(x, w)
-        assert cpu_linear._PACKED[id(w)] is entry, "an unchanged weight reuses its packed copy"
-    key = id(w)
-    del w, entry
-    assert key not in cpu_linear._PACKED, "the packed copy goes with its weight"
+def test_it_works_with_grad_mode_on_when_nothing_needs_grad(monkeypatch):
+    """The engine's forwards run under no_grad, a user's loop may not: plain tensors still take it."""
+    seen = _calls(monkeypatch)
+    linear(torch.randn(3, 8), torch.randn(12, 8))
+    assert seen == [3]
 
 
-@pytest.mark.parametrize("case", ["float64", "grad", "3-d", "bfloat16", "inference", "empty", "many rows"])
+@pytest.mark.parametrize("case", ["float64", "grad", "3-d", "bfloat16", "empty", "many rows", "compiling"])
 def test_falls_back_to_f_linear(case, monkeypatch):
     seen = _calls(monkeypatch)
     dtype = {"float64": torch.float64, "bfloat16": torch.bfloat16}.get(case, torch.float32)
-    if case == "inference":
-        with torch.inference_mode():
-            w = torch.randn(12, 8)
-    else:
-        w = torch.randn(12, 8, dtype=dtype, requires_grad=case == "grad")
+    w = torch.randn(12, 8, dtype=dtype, requires_grad=case == "grad")
     x = torch.randn({"3-d": (2, 3, 8), "empty": (0, 8), "many rows": (cpu_linear.MAX_ROWS + 1, 8)}.get(case, (4, 8)),
                     dtype=dtype)
+    if case == "compiling":
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     with torch.set_grad_enabled(case == "grad"):
         out = linear(x, w)
         ref = F.linear(x, w)
@@ -109,26 +88,9 @@ def test_meta_tensors_take_f_linear():
     assert res.shape == (4, 12)
 
 
-@needs_onednn
-def test_size_bounds_choose_the_path(monkeypatch):
-    """One row packs weights of MIN_NUMEL_ONE_ROW elements or more, several rows weights of
-    MIN_NUMEL_ROWS or more (where oneDNN's fixed cost per call pays), at most MAX_ROWS rows."""
-    monkeypatch.setattr(cpu_linear, "MIN_NUMEL_ROWS", 64)
-    monkeypatch.setattr(cpu_linear, "MIN_NUMEL_ONE_ROW", 256)
-    seen = _calls(monkeypatch)
-    small, large = torch.randn(8, 8), torch.randn(32, 8)  # 64 and 256 elements
-    with torch.no_grad():
-        for rows, w, packed in ((1, small, False), (1, large, True), (2, small, True), (2, torch.randn(7, 9), False),
-                                (cpu_linear.MAX_ROWS, large, True), (cpu_linear.MAX_ROWS + 1, large, False)):
-            seen.clear()
-            x = torch.randn(rows, w.shape[1])
-            torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
-            assert bool(seen) == packed, (rows, tuple(w.shape))
-
-
 @pytest.mark.parametrize("case", ["x columns", "bias length", "residual shape"])
 def test_mismatched_shapes_raise_torch_s_own_error(case):
-    """A shape error comes from F.linear / addmm, naming the sizes, not from oneDNN."""
+    """A shape error comes from F.linear / addmm, naming the sizes, as torch's users expect."""
     w = torch.randn(16, 8)
     x = torch.randn(3, 7 if case == "x columns" else 8)
     b = torch.randn(5) if case == "bias length" else None
@@ -139,20 +101,34 @@ def test_mismatched_shapes_raise_torch_s_own_error(case):
             linear(x, w, b)
 
 
-@needs_onednn
-def test_prime_makes_the_kernels_of_both_kinds():
-    """After prime, neither kind of call (plain, residual add fused) at any row count the
-    packed path takes grows the process: oneDNN makes a kernel of ~0.7 MiB for each (row
-    count, weight shape, kind), so a prime that skipped the fused kind left ~10 MiB to grow."""
-    def rss_mib():
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * 4096 / 2 ** 20
+def _mlp():
+    class Scaled(nn.Linear):  # a subclass computes something else: left alone
+        def forward(self, input):
+            return 2.0 * super().forward(input)
 
-    w = torch.randn(200, 520)  # a shape no other test runs
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), Scaled(16, 16), nn.Linear(16, 4, bias=False))
+
+
+def test_fast_linears_runs_the_plain_linears_through_the_kernel_and_restores_them(monkeypatch):
+    model = _mlp()
+    linears = plain_linears(model)
+    assert linears == [model[0], model[3]]
+    x = torch.randn(2, 5, 8)  # 3-d: flattened to 10 rows and back
     with torch.no_grad():
-        cpu_linear.prime([w])
-        before = rss_mib()
-        for rows in range(1, cpu_linear.MAX_ROWS + 1):
-            linear(torch.zeros(rows, 520), w)
-            residual_linear(torch.zeros(rows, 200), torch.zeros(rows, 520), w)
-    assert rss_mib() - before < 3.0
+        ref = model(x)
+        seen = _calls(monkeypatch)
+        with fast_linears(linears):
+            assert type(model[0]) is RowsLinear and type(model[2]).__name__ == "Scaled"
+            got = model(x)
+        assert seen == [10, 10]
+    assert type(model[0]) is nn.Linear and type(model[3]) is nn.Linear
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    assert set(model.state_dict()) == set(_mlp().state_dict())
+
+
+def test_fast_linears_restores_the_modules_when_the_block_raises():
+    model = _mlp()
+    with pytest.raises(KeyError):
+        with fast_linears(plain_linears(model)):
+            raise KeyError("boom")
+    assert [type(m) for m in model] == [nn.Linear, nn.ReLU, type(model[2]), nn.Linear]

@@ -300,3 +300,29 @@ def test_hf_batched_engine_step_has_no_hidden_sync_cuda():
             eng.target.rollback(2, torch.tensor([1, 2, 0, 1], device="cuda"))
         finally:
             torch.cuda.set_sync_debug_mode("default")
+
+
+# ---------------------------------------------------------------- the skinny linears
+def test_float32_cpu_forwards_run_the_linears_through_skinny_linear_and_give_the_model_back(monkeypatch):
+    """On a CPU a float32 model's nn.Linear layers take skinny_linear during the adapter's
+    forwards (1, 4 and 17 tokens), the logits agree with F.linear's to float32 rounding, and the
+    model's modules are plain nn.Linear again after each forward."""
+    from specdec_ext.models import cpu_linear
+
+    model = _model("llama", seed=5, dtype=torch.float32)
+    calls = []
+    real = cpu_linear._op
+    monkeypatch.setattr(cpu_linear, "_op", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    fast, plain = HFBatchedSpecModel(model), HFBatchedSpecModel(model, skinny_linears=False)
+    n_linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+    for spec in (fast, plain):
+        spec.reset(1, 64)
+        spec.forward(torch.randint(1, 97, (1, 20), generator=torch.Generator().manual_seed(0)))  # prefill: F.linear
+    assert calls == []
+    for S in (1, 4, 17):
+        ids = torch.randint(1, 97, (1, S), generator=torch.Generator().manual_seed(S))
+        calls.clear()
+        got, ref = fast.forward(ids), plain.forward(ids)
+        assert calls == [S] * n_linears, "every linear of the fast forward, none of the plain one"
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+        assert all(type(m) is not cpu_linear.RowsLinear for m in model.modules())

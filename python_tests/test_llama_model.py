@@ -387,3 +387,25 @@ def test_cuda_contiguous_step_and_rollback_do_not_sync():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert spec.lengths.tolist() == [7, 7]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_one_row_step_mask_is_spec_attention_mask(dtype):
+    """A one-row step with an exact host length takes its mask as a view of the cache's mask
+    table: the same values as spec_attention_mask at every past length and step width, up to a
+    full cache (an offset one column off would show at every step)."""
+    from specdec_ext import spec_attention_mask
+    from specdec_ext.models.llama_cache import ContiguousLlamaCache
+
+    cache = ContiguousLlamaCache(1, 1, 4, 1, 40, dtype, "cpu")
+    for past in (0, 1, 7, 23, 38):
+        for S in (2, 3, 17):
+            if past + S > 40:
+                continue
+            cache.reset()
+            if past:
+                cache.kv.advance(past)
+            step = cache.begin(S)
+            assert step.kv_len == past + S
+            torch.testing.assert_close(step.mask, spec_attention_mask(torch.tensor([past]), S, past + S, dtype),
+                                       rtol=0, atol=0)

@@ -39,6 +39,7 @@ FUZZED_BY = {
     # kernels on random calls, and their arguments go through prepare_verify / prepare_sample, the
     # fuzzed kernels' own argument handling
     "verify_reference": "test_native_reference.py", "sample_reference": "test_native_reference.py",
+    "skinny_linear": "test_skinny_linear.py::test_fuzz_skinny_linear",
 }
 
 

@@ -44,7 +44,7 @@ from helpers import draws, tiny_llama
 from specdec_ext import SpeculativeEngine
 from specdec_ext.cache.block_manager import ceil_div
 from specdec_ext.engine.timing import SyncDebug
-from specdec_ext.models import LlamaModel, LlamaSpecModel, cpu_linear
+from specdec_ext.models import LlamaModel, LlamaSpecModel
 
 #: engine steps of one soak: the long profile sets SPECDEC_SOAK_STEPS (scripts/long_check.sh: 10000)
 STEPS = int(os.environ.get("SPECDEC_SOAK_STEPS", "0")) or draws(800, 300)
@@ -223,9 +223,6 @@ class Soak:
                     _check_caches(eng, run, f"{where}, step {done}", worst)
                     seen["mid_checks"] += 1
                 if rss and done == WARMUP_STEPS:
-                    # oneDNN's kernel for each row count of the packed linear path (models/cpu_linear.py):
-                    # a bounded cache (MAX_ROWS per weight shape), made before the baseline, not a leak
-                    cpu_linear.prime([p for w in self.wrappers.values() for p in w.model.parameters() if p.dim() == 2])
                     gc.collect()
                     rss_base = _rss()
             out = run.output(time.perf_counter())

@@ -51,6 +51,7 @@
 #include "tree_kernels.h"
 #include "logprob_kernels.h"
 #include "shard_kernels.h"
+#include "skinny_linear_kernels.h"
 
 #define SPECDEC_CPU_TAG Avx2
 #include "sampling_kernels_entries.inc"

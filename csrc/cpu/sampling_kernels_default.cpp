@@ -6,6 +6,7 @@
 #include "tree_kernels.h"
 #include "logprob_kernels.h"
 #include "shard_kernels.h"
+#include "skinny_linear_kernels.h"
 #include "sampling_kernels_entry.h"
 
 #define SPECDEC_CPU_TAG Default

@@ -7,6 +7,7 @@
 #include <c10/util/Half.h>
 
 #include "../core/kv_cache.h"
+#include "../core/linear_params.h"
 #include "../core/logprob_math.h"
 #include "../core/sampling_params.h"
 #include "../core/shard_math.h"
@@ -32,7 +33,8 @@ struct Avx2 : Cpu {};        // AVX2 + FMA + F16C (the default code on non-x86 b
   void filtered_kernel(Tag, const SampleParams& P, DType logits_dtype); /* filtered_probs, mask_logits, softmax */ \
   void verify_tree_kernel(Tag, const TreeVerifyParams& P, DType logits_dtype, DType probs_dtype); \
   void logprobs_kernel(Tag, const LogprobParams& P, DType logits_dtype);                       \
-  void verify_shard_kernel(Tag, const ShardParams& S, DType logits_dtype, DType probs_dtype);
+  void verify_shard_kernel(Tag, const ShardParams& S, DType logits_dtype, DType probs_dtype);                 \
+  void skinny_linear_kernel(Tag, const SkinnyLinearParams& P);
 SPECDEC_CPU_ENTRY_POINTS(Default)
 SPECDEC_CPU_ENTRY_POINTS(Avx2)
 #undef SPECDEC_CPU_ENTRY_POINTS

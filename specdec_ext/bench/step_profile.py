@@ -13,7 +13,7 @@ from ..models.llama import LlamaModel
 __all__ = ["step_profile"]
 
 _MATMUL_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::matmul",
-               "mkldnn::_linear_pointwise")  # the last: models/cpu_linear.py on a CPU
+               "specdec::skinny_linear")  # the last: models/cpu_linear.py on a CPU
 
 
 def _wall_ms(step, undo, iters: int) -> float:

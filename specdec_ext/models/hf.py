@@ -36,6 +36,7 @@ from ..cache import TreeNodes
 from ..errors import CacheFullError
 from .base import CacheBackedSpecModel, SpecModel
 from .compiling import RECOMPILE_LIMIT, compile_step
+from .cpu_linear import fast_linears, plain_linears
 from .llama_cache import ContiguousLlamaCache, LlamaCacheStep
 
 __all__ = ["BATCHED_MODEL_TYPES", "HFBatchedSpecModel", "HFSpecModel", "RECOMPILE_LIMIT", "SpecDecCache",
@@ -319,10 +320,17 @@ class HFBatchedSpecModel(CacheBackedSpecModel):
     requests raise :class:`~specdec_ext.errors.CacheFullError` (from the engine, or from
     :meth:`reset`).
 
+    ``skinny_linears`` (default True): on a CPU, the eager forwards run the model's
+    ``nn.Linear`` layers through :func:`~specdec_ext.ops.skinny_linear` (1 to
+    :data:`~specdec_ext.models.cpu_linear.MAX_ROWS` float32 rows; ``F.linear`` otherwise): a
+    K + 1-token verification pass then costs about what a one-token pass costs in its
+    matmuls. Only for the duration of each forward (:func:`~specdec_ext.models.cpu_linear.fast_linears`):
+    the model is a plain transformers model again outside it. False: ``F.linear`` throughout.
+
     Raises ``ValueError`` (naming the reason) for a model :func:`batched_support` refuses.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, skinny_linears: bool = True):
         reason = batched_support(model)
         if reason is not None:
             raise ValueError(f"HFBatchedSpecModel cannot serve this model: {reason}; use HFSpecModel")
@@ -336,6 +344,8 @@ class HFBatchedSpecModel(CacheBackedSpecModel):
         self.step_cost_hint = float(sum(p.numel() for p in model.parameters()))
         self._cache_kw = _cache_kwarg(model)
         self._run = model  # the model, or its torch.compile'd forward (compile_decode)
+        # the exact nn.Linear modules the eager forwards give the skinny kernel (CPU models only)
+        self._linears = plain_linears(model) if skinny_linears and self.device.type == "cpu" else []
         self.cache: Optional[SpecDecCache] = None
 
     def compile_decode(self, enable: bool = True, **options: Any) -> "HFBatchedSpecModel":
@@ -396,8 +406,9 @@ class HFBatchedSpecModel(CacheBackedSpecModel):
         # kv_len == S into the graph (duck sizing) and make the decode steps recompile.
         run = self._run if step.kv_len > step.num_tokens else self.model
         try:
-            out = run(input_ids=input_ids, attention_mask=step.mask, position_ids=step.positions,
-                      use_cache=True, **{self._cache_kw: cache})
+            with fast_linears(self._linears if run is self.model else ()):
+                out = run(input_ids=input_ids, attention_mask=step.mask, position_ids=step.positions,
+                          use_cache=True, **{self._cache_kw: cache})
         except BaseException:
             cache.end_step(commit=False)
             raise

@@ -64,6 +64,12 @@ def _check_rows_fit(row_lengths: Sequence[int], max_len: int) -> None:
                              f"holds max_len={max_len}")
 
 
+#: The most tokens per step whose one-row mask is a view of the cache's mask table
+#: (``ContiguousLlamaCache._one_row_mask``; the table holds _TABLE_ROWS x (max_len + _TABLE_ROWS)
+#: elements); a longer step (a prefill) builds its mask.
+_TABLE_ROWS = 64
+
+
 @dataclasses.dataclass
 class LlamaCacheStep:
     """One forward step of S tokens per row.
@@ -101,6 +107,7 @@ class ContiguousLlamaCache:
         # model-dtype ones attention reads (float64: the same bytes).
         self._store = list(zip(self.kv.key_cache.unbind(0), self.kv.value_cache.unbind(0)))
         self._read = [(_from_storage(k, dtype), _from_storage(v, dtype)) for k, v in self._store]
+        self._mask_table: Optional[torch.Tensor] = None  # see _one_row_mask
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -137,9 +144,25 @@ class ContiguousLlamaCache:
             # One token of one row with an exact host length: it sees all kv_len keys (the
             # row's plus itself), so the mask would be all zeros. None skips building it.
             mask = None
+        elif self.batch_size == 1 and exact and num_tokens <= _TABLE_ROWS:
+            mask = self._one_row_mask(kv_len - num_tokens, num_tokens)
         else:
             mask = spec_attention_mask(kv.lengths, num_tokens, kv_len, self.dtype)
         return LlamaCacheStep(positions=pos, num_tokens=num_tokens, kv_len=kv_len, mask=mask)
+
+    def _one_row_mask(self, past: int, num_tokens: int) -> torch.Tensor:
+        """:func:`~specdec_ext.spec_attention_mask` of one row holding ``past`` tokens (an exact
+        host length), [1, 1, S, past + S]: a view of one table made once per cache, so a
+        verification step builds no mask. ``table[i, c]`` is visible iff ``c <= max_len + i``;
+        read from column ``max_len - past``, column j is visible iff ``j <= past + i``."""
+        if self._mask_table is None:
+            c = torch.arange(self.max_len + _TABLE_ROWS, device=self.device)
+            i = torch.arange(_TABLE_ROWS, device=self.device).view(-1, 1)
+            visible = c <= self.max_len + i
+            self._mask_table = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(
+                ~visible, torch.finfo(self.dtype).min)
+        kv_len = past + num_tokens
+        return self._mask_table[:num_tokens].narrow(1, self.max_len - past, kv_len).view(1, 1, num_tokens, kv_len)
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor,
                step: LlamaCacheStep) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -12,12 +12,14 @@ kernels torch.compile traces with. The schemas live in csrc/ops.cpp.
 - :mod:`.kv`        ``kv_append_``, ``kv_rollback_``, ``kv_compact_`` (contiguous cache)
 - :mod:`.paged_kv`  ``paged_kv_append_``, ``paged_kv_gather`` / ``paged_kv_gather_into_``,
   ``paged_kv_compact_``
+- :mod:`.linear`    ``skinny_linear`` (a few rows through a linear layer, CPU)
 - :mod:`._no_outputs` the ``no_outputs`` overload of ``sample`` / ``verify`` (their calls
   without output buffers, as torch.compile records them)
 """
 from .. import _C  # noqa: F401  (registers the schemas the fake kernels below attach to)
 from .filtered import filtered_probs, mask_logits
 from .kv import kv_append_, kv_compact_, kv_rollback_
+from .linear import skinny_linear
 from .logprobs import LogprobsResult
 from .paged_kv import paged_kv_append_, paged_kv_compact_, paged_kv_gather
 from .sampling import VerifyResult, sample, verify
@@ -30,4 +32,4 @@ _no_outputs.register()  # sample / verify without output buffers compile as func
 
 __all__ = ["LogprobsResult", "TreeVerifyResult", "VerifyResult", "filtered_probs", "kv_append_", "kv_compact_",
            "kv_rollback_", "mask_logits", "paged_kv_append_", "paged_kv_compact_", "paged_kv_gather",
-           "sample", "softmax", "tree_depth", "verify", "verify_tree"]
+           "sample", "skinny_linear", "softmax", "tree_depth", "verify", "verify_tree"]
