@@ -13,6 +13,8 @@ COMMANDS = {
                  "filtered_probs vs sample(probs_out=) and plain PyTorch warpers; logprobs vs log_softmax + topk"),
     "kv": ("specdec_ext.bench.kv",
            "KV-cache append / paged gather ops vs PyTorch indexing and a plain copy of the same bytes"),
+    "linear": ("specdec_ext.bench.linear",
+               "skinny_linear vs F.linear over a model's weights at the row counts of a verification pass"),
     "e2e": ("specdec_ext.bench.e2e",
             "the engine on the bundled pair vs target-only decoding and Hugging Face generate (plain and assisted)"),
     "distributed": ("specdec_ext.bench.distributed",
