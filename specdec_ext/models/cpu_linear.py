@@ -3,12 +3,12 @@
 A speculative step scores K + 1 tokens per row in one target pass, so its linear layers
 multiply a handful of rows (M = B * (K + 1), 2 to ~17) by each weight. A small model's forward
 on a CPU streams its weights from memory, and torch's default path (the BLAS behind
-``F.linear``) spends more per call on a few rows than on one (a GEMV): in the bundled target's
-forwards (transformers-loaded, 2 threads of a 2-core AMD EPYC VM, fp32, 2026-12-06) its 43
-linears took 1.85 ms at one row and 2.5 / 2.8 ms at 4 / 17 rows. ``torch.ops.specdec.skinny_linear``
-(:func:`~specdec_ext.ops.skinny_linear`) reads every weight row once per call whatever M, so a few rows cost
-about what one row costs: the same forwards' linears took 2.1, 2.1 and 3.0 ms at 1, 4 and 17
-rows (measured against 2.3, 2.8 and 4.3 ms with BLAS in the same process).
+``F.linear``) spends more per call on a few rows than on one (a GEMV). In the bundled
+target's forwards (transformers-loaded, 2 threads of a 2-core AMD EPYC VM, fp32, 2026-12-06,
+one process, interleaved) its 43 linears took 1.73 / 2.51 / 2.53 ms at 1 / 4 / 17 rows through
+``F.linear`` and 1.52 / 1.87 / 1.91 ms through ``torch.ops.specdec.skinny_linear``
+(:func:`~specdec_ext.ops.skinny_linear`), which reads every weight row once per call whatever
+M, so a few rows cost about what one row costs (``python -m specdec_ext.bench linear``).
 
 :func:`linear` / :func:`residual_linear` take it for 1 to :data:`MAX_ROWS` rows of float32 CPU
 tensors, and ``F.linear`` / ``addmm`` otherwise: more rows (prefills, wide batches: BLAS's
