@@ -132,3 +132,16 @@ def test_fast_linears_restores_the_modules_when_the_block_raises():
         with fast_linears(plain_linears(model)):
             raise KeyError("boom")
     assert [type(m) for m in model] == [nn.Linear, nn.ReLU, type(model[2]), nn.Linear]
+
+
+@pytest.mark.parametrize("shape", [(0, 5, 8), (2, 0, 8), (8,), (3, 8), (2, 3, 4, 8)])
+def test_rows_linear_takes_every_input_shape_nn_linear_takes(shape):
+    """Leading dims of any size (none, empty ones included) are flattened to rows and restored."""
+    m = nn.Linear(8, 6)
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        ref = m(x)
+        with fast_linears([m]):
+            got = m(x)
+    assert got.shape == ref.shape == (*shape[:-1], 6)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)

@@ -82,8 +82,8 @@ class RowsLinear(nn.Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if input.dim() == 2:
             return linear(input, self.weight, self.bias)
-        lead = input.shape[:-1]
-        return linear(input.reshape(-1, input.shape[-1]), self.weight, self.bias).view(*lead, -1)
+        out = linear(input.reshape(-1, input.shape[-1]), self.weight, self.bias)
+        return out.view(*input.shape[:-1], out.shape[-1])  # not -1: a batch of 0 rows leaves it ambiguous
 
 
 def plain_linears(model: nn.Module) -> List[nn.Linear]:
