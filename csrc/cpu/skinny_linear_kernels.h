@@ -4,7 +4,8 @@
 // Why: a verification pass multiplies a handful of rows (B * (K + 1)) by each weight. A small
 // model's forward on a CPU then streams its weights from memory, and torch's BLAS path spends
 // more per call at 2 to 17 rows than at one (a GEMV): measured in the transformers-loaded
-// bundled target's forward, 43 linears took 1.85 ms at 1 row and 2.5 / 2.8 ms at 4 / 17 rows.
+// bundled target's forward, its 43 linears took 1.73 ms at 1 row and 2.51 / 2.53 ms at 4 / 17
+// rows through F.linear, 1.52 / 1.87 / 1.91 ms through this kernel (models/cpu_linear.py).
 // Here every weight row is read once per call, whatever M, so a few rows cost about what one
 // row costs.
 //
@@ -101,14 +102,14 @@ inline void feature_blocks(const SkinnyLinearParams& P, int64_t b0, int64_t b1) 
 }  // namespace skinny
 
 // y = x @ weight^T (+ bias) (+ residual). Threads split the output features when the call
-// is large (at least 512 KiB of weight to stream, or 2^19 multiply-adds: ~15 us on one AVX2
-// core); a smaller call stays on the calling thread, where waking a second one would cost
-// more than it saves.
+// has at least 2^17 multiply-adds (~4 us on one AVX2 core; every weight of 512 KiB or more);
+// a smaller call stays on the calling thread, where waking a second one would cost more than
+// it saves.
 inline void skinny_linear(const SkinnyLinearParams& P) {
   using namespace skinny;
   if (P.M == 0 || P.N == 0) return;
   const int64_t blocks = (P.N + kFeatureTile - 1) / kFeatureTile;
-  const bool wide = P.N * P.K >= (int64_t{1} << 17) || P.M * P.N * P.K >= (int64_t{1} << 17);
+  const bool wide = P.M * P.N * P.K >= (int64_t{1} << 17);
   if (!wide || at::get_num_threads() == 1) {
     feature_blocks(P, 0, blocks);
     return;

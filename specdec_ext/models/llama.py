@@ -80,8 +80,8 @@ class RMSNorm(nn.Module):
 
 
 def _residual_linear(x: torch.Tensor, h: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """``x + linear(h)`` for 2-D x [N, out], h [N, in]: one ``addmm`` without a bias (several
-    rows on a CPU: :func:`.cpu_linear.residual_linear`)."""
+    """``x + linear(h)`` for 2-D x [N, out], h [N, in] (:func:`.cpu_linear.residual_linear`:
+    the skinny kernel with the add fused on a CPU, else one ``addmm`` without a bias)."""
     return residual_linear(x, h, linear.weight, linear.bias)
 
 
