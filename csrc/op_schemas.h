@@ -302,13 +302,14 @@ inline constexpr const char* kPagedKvCompactSchema =
 // ---- Dense layers ----
 
 // A linear layer over a few rows, for the verification pass's matmuls on a CPU (CPU only):
-// y = x @ weight^T (+ bias) (+ residual). Every weight row is read once per call whatever M,
-// so 2 to ~17 rows cost about what one row costs (torch's BLAS path is a GEMV for one row and
-// a slower GEMM above). Row-invariant: each output is one dot product in a fixed order
-// (csrc/cpu/skinny_linear_kernels.h), so a row's result is the same bits whatever other rows
-// the call holds, on any thread count.
+// y = x @ weight^T (+ bias) (+ residual). Every weight element is read once per call whatever
+// M; with the weight packed, 2 to ~17 rows cost little more than one row (torch's BLAS path is
+// a GEMV for one row and a slower GEMM above). Row-invariant: each output is one dot product
+// in a fixed order (csrc/cpu/skinny_linear_kernels.h; the order depends on the layout), so a
+// row's result is the same bits whatever other rows the call holds, on any thread count.
 //   x         [M, K] float32 (last dim stride 1, else copied)
-//   weight    [N, K] float32 (last dim stride 1, else copied): an nn.Linear weight
+//   weight    [N, K] float32 (last dim stride 1, else copied): an nn.Linear weight; or packed
+//             [N / 16, K, 16] float32 (contiguous, else copied; specdec_ext.pack_linear_weight)
 //   bias      [N] float32, or None
 //   residual  [M, N] float32, or None: added after the bias (a decoder's residual stream)
 // returns y [M, N] float32, contiguous (a new tensor: the arguments are only read)

@@ -341,14 +341,14 @@ def test_bench_tables_come_after_third_party_noise(tmp_path):
 
 
 def test_bench_linear_smoke(tmp_path, capsys):
-    """Both methods at each row count over a small random stack: rows, ratios, load, printed."""
+    """Every method at each row count over a small random stack: rows, ratios, load, printed."""
     path = str(tmp_path / "linear.json")
     assert not bench_main(["linear", "--hidden", "64", "--layers", "1", "--rows", "1", "3", "--rounds", "2",
                            "--json", path])
     data = json.load(open(path))
     rows = data["rows"]
-    assert [(r["rows"], r["method"]) for r in rows] == [(1, "F.linear"), (1, "skinny_linear"),
-                                                        (3, "F.linear"), (3, "skinny_linear")]
+    methods = ["F.linear", "skinny_linear", "skinny_packed"]
+    assert [(r["rows"], r["method"]) for r in rows] == [(m, name) for m in (1, 3) for name in methods]
     assert all(r["weights"] == 5 and r["seconds"] > 0 and "load_1min" in r for r in rows)
-    assert [r["vs_one_row"] for r in rows[:2]] == [1.0, 1.0]
+    assert [r["vs_one_row"] for r in rows[:3]] == [1.0, 1.0, 1.0]
     assert "ms/pass" in capsys.readouterr().out

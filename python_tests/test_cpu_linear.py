@@ -145,3 +145,73 @@ def test_rows_linear_takes_every_input_shape_nn_linear_takes(shape):
             got = m(x)
     assert got.shape == ref.shape == (*shape[:-1], 6)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+# ---- packed weights (pack_linears_, packed_weight, layer_linear) ---------------------------
+
+def _packed_calls(monkeypatch):
+    """Record whether each skinny call through cpu_linear got a packed (3-D) weight."""
+    seen = []
+    real = cpu_linear._op
+
+    def recording(x, w, b, r):
+        seen.append(w.dim() == 3)
+        return real(x, w, b, r)
+
+    monkeypatch.setattr(cpu_linear, "_op", recording)
+    return seen
+
+
+def test_layer_linear_reads_the_packed_copy_and_agrees_with_f_linear(monkeypatch):
+    seen = _packed_calls(monkeypatch)
+    layer = nn.Linear(24, 48).requires_grad_(False)
+    assert cpu_linear.pack_linears_([layer]) == 1
+    x, r = torch.randn(5, 24), torch.randn(5, 48)
+    torch.testing.assert_close(cpu_linear.layer_linear(x, layer), F.linear(x, layer.weight, layer.bias))
+    torch.testing.assert_close(cpu_linear.layer_residual_linear(r, x, layer), r + F.linear(x, layer.weight, layer.bias))
+    assert seen == [True, True]
+    # more rows than MAX_ROWS: F.linear on the nn.Linear weight, as without a packed copy
+    seen.clear()
+    cpu_linear.layer_linear(torch.randn(cpu_linear.MAX_ROWS + 1, 24), layer)
+    assert seen == []
+
+
+def test_pack_linears_skips_what_cannot_be_packed():
+    layers = [nn.Linear(8, 20), nn.Linear(8, 16, dtype=torch.float64), nn.Linear(8, 32, device="meta"), nn.Linear(8, 16)]
+    assert cpu_linear.pack_linears_(layers) == 1
+    assert [cpu_linear.packed_weight(m) is not None for m in layers] == [False, False, False, True]
+
+
+def test_the_packed_copy_follows_the_weight():
+    """An in-place change (optimizer step, load_state_dict) repacks; a move off float32 CPU drops it."""
+    layer = nn.Linear(8, 16).requires_grad_(False)
+    cpu_linear.pack_linears_([layer])
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)
+    torch.testing.assert_close(cpu_linear.layer_linear(x, layer), F.linear(x, layer.weight, layer.bias))
+    layer.load_state_dict({"weight": torch.randn(16, 8), "bias": torch.randn(16)})
+    torch.testing.assert_close(cpu_linear.layer_linear(x, layer), F.linear(x, layer.weight, layer.bias))
+    layer.weight = nn.Parameter(torch.randn(16, 8), requires_grad=False)  # a new tensor
+    torch.testing.assert_close(cpu_linear.layer_linear(x, layer), F.linear(x, layer.weight, layer.bias))
+    layer.double()
+    assert cpu_linear.packed_weight(layer) is None
+    torch.testing.assert_close(cpu_linear.layer_linear(x.double(), layer), F.linear(x.double(), layer.weight, layer.bias))
+
+
+def test_the_reference_model_packs_at_load_and_gives_the_same_tokens():
+    """from_state_dict packs a float32 CPU model's projections; its logits agree with the
+    unpacked model's to float32 rounding, and its greedy tokens are the same."""
+    from specdec_ext.models import LlamaModel
+    cfg = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    plain = LlamaModel(cfg)
+    packed = LlamaModel.from_state_dict(cfg, plain.state_dict())
+    assert sum(cpu_linear.packed_weight(m) is not None for m in packed.modules()) == 2 * 4 + 1  # 4 projections a layer, the lm_head
+    assert all(cpu_linear.packed_weight(m) is None for m in plain.modules())
+    ids = torch.randint(0, 64, (1, 7))
+    with torch.no_grad():
+        a, b = plain(ids), packed(ids)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert torch.equal(a.argmax(-1), b.argmax(-1))

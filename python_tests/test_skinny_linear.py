@@ -1,8 +1,9 @@
 """specdec_ext.skinny_linear (torch.ops.specdec.skinny_linear), the CPU linear layer over a few
-rows: against a float64 reference in both compiled copies (AVX2, default), row invariance (a
-row's bits do not depend on the other rows of the call or on the thread count), strides and
-copies, empty shapes, IEEE specials, argument errors naming the argument, and a hypothesis fuzz
-(shapes, strides, extreme values, aliasing between the read-only arguments)."""
+rows, with a plain [N, K] weight and a packed one (pack_linear_weight): against a float64
+reference in both compiled copies (AVX2, default), row invariance (a row's bits do not depend on
+the other rows of the call or on the thread count), strides and copies, empty shapes, IEEE
+specials, argument errors naming the argument, and a hypothesis fuzz (shapes, strides, layouts,
+extreme values, aliasing between the read-only arguments)."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specdec_ext
-from specdec_ext import skinny_linear
+from specdec_ext import pack_linear_weight, skinny_linear
 
 CPU_VARIANTS = ["avx2", "default"]
 
@@ -26,7 +27,18 @@ def cpu_variant(request, monkeypatch):
     return request.param
 
 
+def _unpack(w: torch.Tensor) -> torch.Tensor:
+    """The [N, K] weight a packed [N / 16, K, 16] one holds (a plain one as it is)."""
+    return w if w.dim() == 2 else w.transpose(1, 2).reshape(w.shape[0] * w.shape[2], w.shape[1])
+
+
+def _layouts(w: torch.Tensor):
+    """The weight as it is, and packed where its row count allows."""
+    return [w] + ([pack_linear_weight(w)] if w.shape[0] % 16 == 0 else [])
+
+
 def _reference(x, w, b=None, r=None) -> torch.Tensor:
+    w = _unpack(w)
     out = x.double() @ w.double().T
     if b is not None:
         out = out + b.double()
@@ -37,6 +49,7 @@ def _reference(x, w, b=None, r=None) -> torch.Tensor:
 
 def _tol(x, w):
     """float32 sums of K products against float64: a few ulps of the sum of |products|."""
+    w = _unpack(w)
     return 1e-6 * (x.double().abs() @ w.double().abs().T) + 1e-30
 
 
@@ -48,26 +61,47 @@ def _close(got, x, w, b=None, r=None):
     assert bool((err <= 4 * bound).all()), f"max error {err.max().item()} vs bound {bound.max().item()}"
 
 
-# K: below one vector, exact vectors, vectors plus a tail; N: below, at and past the feature tile
+# K: below one vector, exact vectors, vectors plus a tail; N: below, at and past the feature
+# tile, and (packed) one panel, whole blocks of 64 outputs, blocks plus one or three panels
 @pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 9, 17, 40])
-@pytest.mark.parametrize("N,K", [(1, 1), (2, 7), (3, 8), (5, 17), (64, 96), (385, 192), (1024, 200)])
+@pytest.mark.parametrize("N,K", [(1, 1), (2, 7), (3, 8), (5, 17), (16, 5), (64, 96), (80, 33), (112, 1),
+                                 (385, 192), (1024, 200)])
 def test_matches_float64_reference(cpu_variant, M, N, K):
     g = torch.Generator().manual_seed(M * 1000 + N + K)
     x, w = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g)
     b, r = torch.randn(N, generator=g), torch.randn(M, N, generator=g)
-    _close(skinny_linear(x, w), x, w)
-    _close(skinny_linear(x, w, b), x, w, b)
-    _close(skinny_linear(x, w, b, r), x, w, b, r)
-    _close(skinny_linear(x, w, None, r), x, w, None, r)
+    for w in _layouts(w):
+        _close(skinny_linear(x, w), x, w)
+        _close(skinny_linear(x, w, b), x, w, b)
+        _close(skinny_linear(x, w, b, r), x, w, b, r)
+        _close(skinny_linear(x, w, None, r), x, w, None, r)
 
 
-@pytest.mark.parametrize("N,K", [(7, 13), (96, 192), (4096, 192), (1024, 512)])
-def test_a_row_is_the_same_bits_whatever_the_other_rows_and_threads(cpu_variant, N, K):
+def test_pack_linear_weight_layout_and_errors():
+    w = torch.arange(32 * 3, dtype=torch.float32).reshape(32, 3)
+    p = pack_linear_weight(w)
+    assert p.shape == (2, 3, 16) and p.is_contiguous() and p.data_ptr() != w.data_ptr()
+    assert all(p[q, k, j] == w[16 * q + j, k] for q in range(2) for k in range(3) for j in range(16))
+    with pytest.raises(ValueError, match="multiple of 16 rows"):
+        pack_linear_weight(torch.randn(24, 3))
+    with pytest.raises(TypeError, match="weight must be float32"):
+        pack_linear_weight(torch.randn(16, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"weight must be \[N, K\]"):
+        pack_linear_weight(torch.randn(16))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("N,K", [(7, 13), (96, 192), (4096, 192), (1024, 512), (48, 3)])
+def test_a_row_is_the_same_bits_whatever_the_other_rows_and_threads(cpu_variant, N, K, packed):
     """Every output is one dot product in a fixed order: the one-token pass and a K-token pass
-    compute a token's projections alike (row tiles of 4, 3, 2, 1, feature tiles of 3, 2, 1, one
-    or two threads). A kernel whose sum order followed the tile shape fails here."""
+    compute a token's projections alike (row tiles of 4, 3, 2, 1, feature tiles of 3, 2, 1 or
+    packed slices of 8, 4, 2 vectors, one or two threads). A kernel whose sum order followed
+    the tile shape fails here."""
+    if packed and N % 16:
+        pytest.skip("a packed weight has a multiple of 16 rows")
     g = torch.Generator().manual_seed(N + K)
     x, w, b = torch.randn(17, K, generator=g), torch.randn(N, K, generator=g), torch.randn(N, generator=g)
+    w = pack_linear_weight(w) if packed else w
     r = torch.randn(17, N, generator=g)
     threads = torch.get_num_threads()
     try:
@@ -95,6 +129,11 @@ def test_strided_arguments_are_read_or_copied():
     _close(skinny_linear(x, w, b, r), x, w, b, r)
     xt = torch.randn(24, 3, generator=g).T  # x with last stride 3
     _close(skinny_linear(xt, w), xt, w)
+    p = pack_linear_weight(torch.randn(32, 24, generator=g))
+    strided = torch.empty(2, 24, 32)[:, :, :16]  # packed values, non-contiguous: copied
+    strided.copy_(p)
+    _close(skinny_linear(x, strided), x, p)
+    assert torch.equal(skinny_linear(x, strided), skinny_linear(x, p))
 
 
 def test_empty_shapes():
@@ -102,6 +141,10 @@ def test_empty_shapes():
     assert skinny_linear(torch.randn(3, 5), torch.randn(0, 5)).shape == (3, 0)
     b, r = torch.randn(4), torch.randn(3, 4)
     torch.testing.assert_close(skinny_linear(torch.randn(3, 0), torch.randn(4, 0), b, r), b + r, rtol=0, atol=0)
+    assert skinny_linear(torch.randn(0, 5), torch.randn(2, 5, 16)).shape == (0, 32)
+    assert skinny_linear(torch.randn(3, 5), torch.randn(0, 5, 16)).shape == (3, 0)
+    b, r = torch.randn(16), torch.randn(3, 16)
+    torch.testing.assert_close(skinny_linear(torch.randn(3, 0), torch.randn(1, 0, 16), b, r), b + r, rtol=0, atol=0)
 
 
 def test_ieee_specials_propagate_like_the_math():
@@ -121,8 +164,11 @@ def test_ieee_specials_propagate_like_the_math():
     ("bias dtype", TypeError, "bias must be float32"),
     ("residual dtype", TypeError, "residual must be float32"),
     ("x rank", ValueError, "x must be [M, K]"),
-    ("weight rank", ValueError, "weight must be [N, K]"),
+    ("weight rank", ValueError, "weight must be [N, K] or packed [N / 16, K, 16]"),
     ("K mismatch", ValueError, "weight must be [N, K] with K = 8"),
+    ("packed K mismatch", ValueError, "packed weight must be [N / 16, K, 16] with K = 8"),
+    ("packed panel", ValueError, "packed weight must be [N / 16, K, 16] with K = 8"),
+    ("packed bias", ValueError, "bias must be [N] with N = 32"),
     ("bias shape", ValueError, "bias must be [N] with N = 5"),
     ("residual shape", ValueError, "residual must be [M, N] = [3, 5]"),
     ("device", ValueError, "weight is on meta"),
@@ -131,7 +177,11 @@ def test_bad_arguments_raise_naming_the_argument(case, error, words):
     x, w, b, r = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5), torch.randn(3, 5)
     args = dict(x=x, weight=w, bias=b, residual=r)
     key = case.split()[0]
-    if case.endswith("dtype"):
+    if case.startswith("packed"):
+        args["weight"] = {"packed K mismatch": torch.randn(2, 9, 16), "packed panel": torch.randn(2, 8, 8),
+                          "packed bias": torch.randn(2, 8, 16)}[case]
+        args["residual"] = None
+    elif case.endswith("dtype"):
         args[key] = args[key].double()
     elif case == "x rank":
         args["x"] = torch.randn(3, 8, 1)
@@ -159,10 +209,21 @@ def test_the_output_is_new_and_the_arguments_unchanged():
 
 
 def test_under_torch_compile():
-    """The fake kernel traces it; the compiled call gives the eager result."""
+    """The fake kernel traces it (both layouts); the compiled call gives the eager result."""
     x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
     f = torch.compile(lambda a, c, d: skinny_linear(a, c, d) * 2.0, backend="aot_eager", fullgraph=True)
     assert torch.equal(f(x, w, b), skinny_linear(x, w, b) * 2.0)
+    p, b = pack_linear_weight(torch.randn(32, 8)), torch.randn(32)
+    assert torch.equal(f(x, p, b), skinny_linear(x, p, b) * 2.0)
+
+
+def test_opcheck_with_a_packed_weight():
+    """The packed layout through torch.library.opcheck (schema, fake kernel, autograd registration);
+    the plain layout is checked with every op in test_compile_ops.py."""
+    g = torch.Generator().manual_seed(5)
+    args = (torch.randn(3, 8, generator=g), pack_linear_weight(torch.randn(32, 8, generator=g)),
+            torch.randn(32, generator=g), torch.randn(3, 32, generator=g))
+    torch.library.opcheck(torch.ops.specdec.skinny_linear.default, args)
 
 
 # ---- fuzz --------------------------------------------------------------------------------
@@ -180,8 +241,12 @@ def skinny_cases(draw):
     pad = draw(st.integers(0, 3))
     x = (torch.randn(M, K + pad, generator=g) * scale_x)[:, pad:] if K + pad > 0 else torch.randn(M, 0)
     w = torch.randn(N, K, generator=g) * scale_w
-    if draw(st.booleans()) and N > 0 and K > 0:
+    layout = draw(st.sampled_from(["plain", "transposed", "packed"]))
+    if layout == "transposed" and N > 0 and K > 0:
         w = w.T.contiguous().T  # same values, last stride N: the op copies it
+    elif layout == "packed":
+        N = N // 16 * 16
+        w = pack_linear_weight(w[:N])
     b = torch.randn(N, generator=g) if draw(st.booleans()) else None
     r = torch.randn(M, N, generator=g) if draw(st.booleans()) else None
     if r is not None and M == N == K and M > 0 and draw(st.booleans()):

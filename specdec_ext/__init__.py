@@ -24,7 +24,7 @@ from .cache import (Allocation, BlockManager, KVCache, PagedKVCache, TreeNodes, 
 from .engine import Datastore, GenerationOutput, RowStats, SpecDecMetrics, SpeculativeEngine, SuffixConfig
 from .errors import CacheFullError, DeviceFlagError, ModelOutputError, OutOfBlocksError, SpecDecError
 from .ops import (LogprobsResult, TreeVerifyResult, VerifyResult, filtered_probs, kv_append_, kv_compact_,
-                  kv_rollback_, mask_logits, paged_kv_append_, paged_kv_compact_, paged_kv_gather, sample,
+                  kv_rollback_, mask_logits, pack_linear_weight, paged_kv_append_, paged_kv_compact_, paged_kv_gather, sample,
                   skinny_linear, softmax, tree_depth, verify, verify_tree)
 
 __version__ = "0.1.0"
@@ -39,6 +39,6 @@ __all__ = ["Allocation", "BlockManager", "CacheFullError", "Datastore", "DeviceF
            "LogprobsResult", "ModelOutputError", "OutOfBlocksError", "PagedKVCache", "RowStats",
            "SpecDecError", "SpecDecMetrics", "SpeculativeEngine", "SuffixConfig", "TreeNodes", "TreeVerifyResult",
            "VerifyResult", "filtered_probs", "has_cuda_kernels", "kv_append_", "kv_compact_",
-           "kv_rollback_", "mask_logits", "paged_kv_append_", "paged_kv_compact_", "paged_kv_gather",
+           "kv_rollback_", "mask_logits", "pack_linear_weight", "paged_kv_append_", "paged_kv_compact_", "paged_kv_gather",
            "sample", "skinny_linear", "softmax", "spec_attention_mask", "spec_attention_mask_bool", "tree_attention_mask",
            "tree_attention_mask_bool", "tree_depth", "tree_positions", "verify", "verify_tree"]

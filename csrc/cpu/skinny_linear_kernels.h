@@ -6,14 +6,27 @@
 // more per call at 2 to 17 rows than at one (a GEMV): measured in the transformers-loaded
 // bundled target's forward, its 43 linears took 1.73 ms at 1 row and 2.51 / 2.53 ms at 4 / 17
 // rows through F.linear, 1.52 / 1.87 / 1.91 ms through this kernel (models/cpu_linear.py).
-// Here every weight row is read once per call, whatever M, so a few rows cost about what one
-// row costs.
+// Here every weight element is read once per call, whatever M.
+//
+// Two kernels, chosen by the weight's layout (csrc/linear_args.h):
+// - row-major weight [N, K] (an nn.Linear's): K-vectorised; each output (m, n) is a vector dot
+//   product of x's row m with weight row n, finished by a horizontal sum, which costs more per
+//   row than the multiply-adds at these sizes.
+// - packed weight [N / 16, K, 16] (ops/linear.py pack_linear_weight): N-vectorised; panel p
+//   holds outputs 16p .. 16p + 15 as K rows of 16, read front to back (so the weights stream
+//   from memory as one sequence per panel), x[m, k] broadcast against each; no horizontal sum,
+//   so a few rows cost little more than one: the bundled target's 25 projections at 4 rows,
+//   2 threads of the 2-core EPYC VM, cold caches, took 0.33 ms packed against 0.50 ms row-major
+//   (0.32 / 0.28 ms at 1 row; 2026-12-06, python -m specdec_ext.bench linear).
 //
 // Order of the arithmetic (the same for every M, tile position and thread count, so a row's
-// result never depends on the other rows of the call): output (m, n) is ONE vector accumulator
-// of Vec::size() lanes, lane l summing x[m, k] * w[n, k] over k = l, l + W, ... below K rounded
-// down to W (fmadd, k ascending); then the lanes in order; then the tail k (fma, ascending);
-// then + bias[n]; then + residual[m, n].
+// result never depends on the other rows of the call; it depends on the layout):
+// - row-major: output (m, n) is ONE vector accumulator of Vec::size() lanes, lane l summing
+//   x[m, k] * w[n, k] over k = l, l + W, ... below K rounded down to W (fmadd, k ascending);
+//   then the lanes in order; then the tail k (fma, ascending); then + bias[n]; then
+//   + residual[m, n].
+// - packed: output (m, n) is x[m, k] * w[n, k] accumulated over k ascending from 0.f (fmadd,
+//   in the vector lane that holds n); then + bias[n]; then + residual[m, n].
 #pragma once
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
@@ -99,6 +112,87 @@ inline void feature_blocks(const SkinnyLinearParams& P, int64_t b0, int64_t b1) 
   }
 }
 
+// ---- packed weight [N / kPanel, K, kPanel]: N-vectorised ----
+
+constexpr int kPanel = kSkinnyPanel;          // outputs per panel (core/linear_params.h)
+constexpr int kPerPanel = kPanel / kLanes;  // vectors per panel row
+static_assert(kPanel % kLanes == 0, "a panel row is a whole number of vectors");
+
+// Outputs n0 .. n0 + NV * kLanes - 1 of rows m0 .. m0 + MR - 1 (n0 a multiple of kPanel, or of
+// kLanes when NV < kPerPanel, so no vector straddles two panels): MR * NV
+// accumulators, each weight vector loaded once per k and used by every row (x[m, k] broadcast).
+// MR * NV <= 8 leaves AVX2 registers for the broadcast and the weight vectors.
+template <int MR, int NV>
+inline void packed_tile(const SkinnyLinearParams& P, int64_t n0, int64_t m0) {
+  constexpr int NP = (NV + kPerPanel - 1) / kPerPanel;  // panels the tile spans
+  const float* x[MR];
+  for (int j = 0; j < MR; ++j) x[j] = P.x + (m0 + j) * P.x_stride;
+  const float* panel[NP];
+  for (int q = 0; q < NP; ++q) panel[q] = P.weight + (n0 / kPanel + q) * P.K * kPanel + n0 % kPanel;
+  Vec acc[MR][NV];
+  for (int j = 0; j < MR; ++j)
+    for (int v = 0; v < NV; ++v) acc[j][v] = Vec(0.f);
+  for (int64_t k = 0; k < P.K; ++k) {
+    Vec wv[NV];
+    for (int v = 0; v < NV; ++v) wv[v] = Vec::loadu(panel[v / kPerPanel] + k * kPanel + (v % kPerPanel) * kLanes);
+    for (int j = 0; j < MR; ++j) {
+      const Vec xb(x[j][k]);
+      for (int v = 0; v < NV; ++v) acc[j][v] = at::vec::fmadd(xb, wv[v], acc[j][v]);
+    }
+  }
+  for (int j = 0; j < MR; ++j) {
+    const int64_t m = m0 + j;
+    for (int v = 0; v < NV; ++v) {
+      const int64_t n = n0 + v * kLanes;
+      Vec out = acc[j][v];
+      if (P.bias != nullptr) out = out + Vec::loadu(P.bias + n);
+      if (P.residual != nullptr) out = out + Vec::loadu(P.residual + m * P.r_stride + n);
+      out.store(P.y + m * P.N + n);
+    }
+  }
+}
+
+// Outputs [n0, n0 + NV * kLanes) of rows [m0, M) in row tiles of MR (the last one shorter).
+template <int MR, int NV>
+inline void packed_rows(const SkinnyLinearParams& P, int64_t n0, int64_t m0) {
+  for (; m0 + MR <= P.M; m0 += MR) packed_tile<MR, NV>(P, n0, m0);
+  if constexpr (MR > 1) {
+    if (m0 < P.M) packed_rows<MR - 1, NV>(P, n0, m0);
+  }
+}
+
+// Outputs [n0, n0 + NV * kLanes) of every row, with 8 accumulators per tile where the rows
+// allow (enough independent FMAs to hide their latency): 1 row over all NV vectors, 2 rows
+// over NV / 2 at a time, more rows in tiles of kRowTile over NV / 4 at a time, each slice's
+// weights reused from L1 by every row tile.
+template <int NV>
+inline void packed_columns(const SkinnyLinearParams& P, int64_t n0) {
+  constexpr int kHalf = NV >= 2 ? NV / 2 : 1, kQuarter = NV >= 4 ? NV / 4 : 1;
+  if (P.M == 1) {
+    packed_tile<1, NV>(P, n0, 0);
+  } else if (P.M == 2) {
+    for (int h = 0; h < NV / kHalf; ++h) packed_tile<2, kHalf>(P, n0 + h * kHalf * kLanes, 0);
+  } else {
+    for (int q = 0; q < NV / kQuarter; ++q) packed_rows<kRowTile, kQuarter>(P, n0 + q * kQuarter * kLanes, 0);
+  }
+}
+
+constexpr int kBlockVecs = 8;                   // vectors of outputs per packed block
+constexpr int kBlock = kBlockVecs * kLanes;     // outputs per packed block (a multiple of kPanel)
+
+// Packed blocks [b0, b1) of kBlock outputs; the last one may be shorter (N mod kBlock
+// outputs, a multiple of kPanel, one panel at a time).
+inline void packed_blocks(const SkinnyLinearParams& P, int64_t b0, int64_t b1) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t n0 = b * kBlock;
+    if (n0 + kBlock <= P.N) {
+      packed_columns<kBlockVecs>(P, n0);
+      continue;
+    }
+    for (int64_t n = n0; n < P.N; n += kPanel) packed_columns<kPerPanel>(P, n);
+  }
+}
+
 }  // namespace skinny
 
 // y = x @ weight^T (+ bias) (+ residual). Threads split the output features when the call
@@ -108,13 +202,18 @@ inline void feature_blocks(const SkinnyLinearParams& P, int64_t b0, int64_t b1) 
 inline void skinny_linear(const SkinnyLinearParams& P) {
   using namespace skinny;
   if (P.M == 0 || P.N == 0) return;
-  const int64_t blocks = (P.N + kFeatureTile - 1) / kFeatureTile;
+  const bool packed = P.w_packed;
+  const int64_t blocks = packed ? (P.N + kBlock - 1) / kBlock : (P.N + kFeatureTile - 1) / kFeatureTile;
+  const auto run = [&](int64_t b0, int64_t b1) {
+    if (packed) packed_blocks(P, b0, b1);
+    else feature_blocks(P, b0, b1);
+  };
   const bool wide = P.M * P.N * P.K >= (int64_t{1} << 17);
   if (!wide || at::get_num_threads() == 1) {
-    feature_blocks(P, 0, blocks);
+    run(0, blocks);
     return;
   }
-  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) { feature_blocks(P, b0, b1); });
+  at::parallel_for(0, blocks, packed ? 2 : 16, run);
 }
 
 }  // namespace CPU_CAPABILITY

@@ -1,4 +1,4 @@
-"""python -m specdec_ext.bench linear: skinny_linear vs F.linear on a model's weights.
+"""python -m specdec_ext.bench linear: skinny_linear (plain and packed weights) vs F.linear on a model's weights.
 
 What a verification pass does to its linear layers: M = B * (K + 1) rows through every weight
 of the model in turn. For each M in ``--rows`` one *pass* calls every linear weight of the
@@ -7,12 +7,16 @@ each call streams a weight that the previous ones pushed out of the core's cache
 forward. Methods:
 
 * ``F.linear``: torch's path (MKL / BLAS: a GEMV for one row, a GEMM above);
-* ``skinny_linear``: ``torch.ops.specdec.skinny_linear`` (every weight row read once per call).
+* ``skinny_linear``: ``torch.ops.specdec.skinny_linear`` on the ``nn.Linear`` weight as it is
+  (every weight row read once per call, each output finished by a horizontal sum);
+* ``skinny_packed``: the same op on the weight packed by ``pack_linear_weight`` (the reference
+  model's layout: outputs vectorised, no horizontal sum). A weight whose row count is not a
+  multiple of 16 stays unpacked here, as in the model.
 
 Rounds interleave every (M, method) pair, so a slow spell of a shared machine hits them alike;
 times are medians over rounds. Columns: ms per pass, the pass over the one-row pass of the
 same method (what a K + 1-token verification costs in matmuls over a one-token step), and
-F.linear / skinny_linear. ``--json PATH`` writes the rows with the machine's load.
+F.linear over the method. ``--json PATH`` writes the rows with the machine's load.
 """
 from __future__ import annotations
 
@@ -31,7 +35,10 @@ from .._cli import OneLineParser, int_in, output_path
 from .report import measuring, print_table
 from .timing import busiest, machine_load, warn_if_busy
 
-METHODS = {"F.linear": F.linear, "skinny_linear": torch.ops.specdec.skinny_linear}
+_op = torch.ops.specdec.skinny_linear
+#: name -> (prepare the weight once, call it on x)
+METHODS = {"F.linear": (lambda w: w, F.linear), "skinny_linear": (lambda w: w, _op),
+           "skinny_packed": (lambda w: specdec_ext.pack_linear_weight(w) if w.shape[0] % 16 == 0 else w, _op)}
 
 
 def model_weights(hidden: int, layers: int) -> List[torch.Tensor]:
@@ -52,15 +59,17 @@ def model_weights(hidden: int, layers: int) -> List[torch.Tensor]:
 def run(weights: List[torch.Tensor], rows: List[int], rounds: int) -> List[Dict]:
     inputs = {m: [torch.randn(m, w.shape[1]) for w in weights] for m in rows}
     times = {(m, name): [] for m in rows for name in METHODS}
+    prepared = {name: [prep(w) for w in weights] for name, (prep, _) in METHODS.items()}
     with torch.no_grad():
-        for name, fn in METHODS.items():  # warm up (first-call allocations)
-            for x, w in zip(inputs[rows[0]], weights):
+        for name, (_, fn) in METHODS.items():  # warm up (first-call allocations)
+            for x, w in zip(inputs[rows[0]], prepared[name]):
                 fn(x, w)
         for _ in range(rounds):
             for m in rows:
-                for name, fn in METHODS.items():
+                for name, (_, fn) in METHODS.items():
+                    ws = prepared[name]
                     t0 = time.perf_counter()
-                    for x, w in zip(inputs[m], weights):
+                    for x, w in zip(inputs[m], ws):
                         fn(x, w)
                     times[(m, name)].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}

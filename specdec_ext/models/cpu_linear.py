@@ -19,6 +19,12 @@ projections with the same bits; it agrees with ``F.linear`` to float32 rounding.
 
 :func:`fast_linears` runs a ``transformers`` model's ``nn.Linear`` layers through it for the
 duration of a ``with`` block (the batched HF path's forwards, :mod:`.hf`).
+
+:func:`pack_linears_` gives layers a packed copy of their weight (:func:`~specdec_ext.ops.pack_linear_weight`),
+which :func:`layer_linear` / :func:`layer_residual_linear` hand the kernel instead: outputs
+vectorised, no horizontal sum per output, so a K + 1-row pass costs little more than a one-row
+step in its matmuls (``python -m specdec_ext.bench linear``, method ``skinny_packed``). The
+reference model packs its projections at load (:meth:`~specdec_ext.models.LlamaModel.pack_linears_`).
 """
 from __future__ import annotations
 
@@ -29,11 +35,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.linear import skinny_linear  # noqa: F401  (registers the op's fake kernel; re-exported)
+from ..ops.linear import PANEL, pack_linear_weight, skinny_linear  # noqa: F401  (registers the fake; re-exported)
 
 _op = torch.ops.specdec.skinny_linear  # looked up once: a step calls it ~25-45 times
 
-__all__ = ["MAX_ROWS", "RowsLinear", "fast_linears", "linear", "plain_linears", "residual_linear", "skinny_linear"]
+__all__ = ["AUTO_PACK_BYTES", "MAX_ROWS", "RowsLinear", "fast_linears", "layer_linear", "layer_residual_linear",
+           "linear", "pack_linears_", "packed_weight", "plain_linears", "residual_linear", "skinny_linear"]
 
 #: The most rows :func:`linear` gives the skinny kernel (a B = 1 pass at the CLI's K = 16);
 #: more go to ``F.linear``. Each weight row is reused from L1 by every row tile, so the cost
@@ -54,22 +61,26 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor])
             and not torch.compiler.is_compiling())
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           packed: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: x [M, in], weight [out, in], bias [out] or None -> [M, out]
-    (x of any other rank goes to ``F.linear`` as it is)."""
+    (x of any other rank goes to ``F.linear`` as it is). packed: weight's
+    :func:`~specdec_ext.ops.pack_linear_weight` [out / 16, in, 16] (it must hold the same
+    values), which the skinny kernel then reads instead (see :func:`pack_linears_`)."""
     if _skinny(x, weight, bias):
-        return _op(x, weight, bias, None)
+        return _op(x, weight if packed is None else packed, bias, None)
     return F.linear(x, weight, bias)
 
 
 def residual_linear(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    bias: Optional[torch.Tensor] = None, packed: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``residual + F.linear(x, weight, bias)`` for 2-D residual [M, out] and x [M, in]: the
-    skinny kernel with the add fused in, or one ``addmm`` (no bias)."""
+    skinny kernel with the add fused in (reading ``packed`` where given, as in :func:`linear`),
+    or one ``addmm`` (no bias)."""
     if (_skinny(x, weight, bias) and residual.dtype == torch.float32 and residual.device.type == "cpu"
             and residual.shape == (x.shape[0], weight.shape[0])
             and not (torch.is_grad_enabled() and residual.requires_grad)):
-        return _op(x, weight, bias, residual)
+        return _op(x, weight if packed is None else packed, bias, residual)
     if bias is None:
         return torch.addmm(residual, x, weight.t())
     return residual + F.linear(x, weight, bias)
@@ -109,3 +120,63 @@ def fast_linears(linears: Sequence[nn.Linear]) -> Iterator[None]:
     finally:
         for m in done:
             object.__setattr__(m, "__class__", nn.Linear)
+
+
+
+# ---- packed weights ----------------------------------------------------------------
+
+#: :meth:`LlamaModel.from_state_dict <specdec_ext.models.LlamaModel.from_state_dict>` packs a
+#: float32 CPU model's projections when they hold at most this many bytes (the packed copies
+#: cost as much memory again); a larger model packs on request (:func:`pack_linears_`).
+AUTO_PACK_BYTES = 1 << 30
+
+_PACKED = "_specdec_packed"  # module attribute: [packed tensor, weight version, weight data_ptr]
+
+
+def pack_linears_(layers: Sequence[nn.Linear]) -> int:
+    """Give each float32 CPU ``nn.Linear`` whose output count is a multiple of 16 a packed copy
+    of its weight (:func:`~specdec_ext.ops.pack_linear_weight`), which :func:`layer_linear` /
+    :func:`layer_residual_linear` then hand the skinny kernel: at 2 to 17 rows it costs little
+    more than one row (csrc/cpu/skinny_linear_kernels.h gives the figures). Memory: as much
+    again as those weights. The copy follows the weight: an in-place change or a new tensor
+    (``load_state_dict``, ``.to()``) repacks it on the next call, or drops it where the weight
+    is no longer float32 on the CPU. Returns how many layers have a packed copy now.
+    """
+    done = 0
+    for layer in layers:
+        w = layer.weight
+        if w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu" and w.shape[0] % PANEL == 0:
+            layer.__dict__[_PACKED] = [pack_linear_weight(w), w._version, w.data_ptr()]
+            done += 1
+    return done
+
+
+def packed_weight(layer: nn.Module) -> Optional[torch.Tensor]:
+    """The layer's packed weight (:func:`pack_linears_`), repacked first if the weight changed
+    since; None where it has none (or the weight can no longer be packed: then it is dropped)."""
+    entry = layer.__dict__.get(_PACKED)
+    if entry is None:
+        return None
+    w = layer.weight
+    if entry[1] != w._version or entry[2] != w.data_ptr():
+        if not (w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu" and w.shape[0] % PANEL == 0):
+            del layer.__dict__[_PACKED]
+            return None
+        entry[:] = [pack_linear_weight(w), w._version, w.data_ptr()]
+    return entry[0]
+
+
+def layer_linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """:func:`linear` through an ``nn.Linear``'s weight and bias, its packed copy where it has one."""
+    return linear(x, layer.weight, layer.bias, _packed_outside_compile(layer))
+
+
+def layer_residual_linear(residual: torch.Tensor, x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """:func:`residual_linear` through an ``nn.Linear``, its packed copy where it has one."""
+    return residual_linear(residual, x, layer.weight, layer.bias, _packed_outside_compile(layer))
+
+
+def _packed_outside_compile(layer: nn.Module) -> Optional[torch.Tensor]:
+    """:func:`packed_weight`, or None while ``torch.compile`` traces (it plans its own GEMMs,
+    and a version check would only add guards)."""
+    return None if torch.compiler.is_compiling() else packed_weight(layer)

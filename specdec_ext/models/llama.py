@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,7 @@ from torch import nn
 from ..cache import TreeNodes
 from .base import CacheBackedSpecModel
 from .compiling import compile_step
-from .cpu_linear import linear, residual_linear
+from .cpu_linear import AUTO_PACK_BYTES, layer_linear, layer_residual_linear, pack_linears_
 from .llama_cache import ContiguousLlamaCache, LlamaCacheStep, PagedLlamaCache
 from .llama_config import LlamaConfig
 
@@ -77,12 +77,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _rms_norm(x, self.weight, self.eps)
-
-
-def _residual_linear(x: torch.Tensor, h: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """``x + linear(h)`` for 2-D x [N, out], h [N, in] (:func:`.cpu_linear.residual_linear`:
-    the skinny kernel with the add fused on a CPU, else one ``addmm`` without a bias)."""
-    return residual_linear(x, h, linear.weight, linear.bias)
 
 
 def _linear(n_in: int, n_out: int, bias: bool, dtype, device) -> nn.Linear:
@@ -166,7 +160,7 @@ class LlamaAttention(_Fused):
         :func:`_rope`) -> the attention output projected back, ``x + o_proj(attn)`` [B * S, hidden]."""
         B, S = cos.shape[0], cos.shape[1]
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = linear(h, self.qkv_proj.weight, self.qkv_proj.bias)
+        qkv = layer_linear(h, self.qkv_proj)
         # RoPE on q and k together, in the projection's [B, S, heads, D] layout.
         qk = _rope(qkv.narrow(1, 0, (H + Hkv) * D).view(B, S, H + Hkv, D), cos, sin)
         q, k = qk.narrow(2, 0, H).transpose(1, 2), qk.narrow(2, H, Hkv).transpose(1, 2)
@@ -178,7 +172,7 @@ class LlamaAttention(_Fused):
             mask, causal = step.mask, False
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
                                              scale=self.scale, enable_gqa=self.gqa)
-        return _residual_linear(x, out.transpose(1, 2).reshape(B * S, H * D), self.o_proj)
+        return layer_residual_linear(x, out.transpose(1, 2).reshape(B * S, H * D), self.o_proj)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
@@ -205,8 +199,8 @@ class LlamaMLP(_Fused):
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """x [N, hidden] residual, h [N, hidden] its normalised value -> ``x + mlp(h)``."""
-        gate, up = linear(h, self.gate_up_proj.weight, self.gate_up_proj.bias).chunk(2, dim=-1)
-        return _residual_linear(x, F.silu(gate) * up, self.down_proj)
+        gate, up = layer_linear(h, self.gate_up_proj).chunk(2, dim=-1)
+        return layer_residual_linear(x, F.silu(gate) * up, self.down_proj)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -383,7 +377,7 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.model.layers):
             x = layer.forward(x, cos, sin, i, cache, step)
         norm = self.model.norm
-        return linear(_rms_norm(x, norm.weight, norm.eps), self.lm_head.weight).view(B, S, -1)
+        return layer_linear(_rms_norm(x, norm.weight, norm.eps), self.lm_head).view(B, S, -1)
 
     def compile_decode(self, enable: bool = True, *, freeze: bool = False, **options: Any) -> "LlamaModel":
         """Run the layers of every step on a contiguous cache through
@@ -449,7 +443,24 @@ class LlamaModel(nn.Module):
         if model.config.tie_word_embeddings:  # to_empty makes new Parameters: tie them again
             model.lm_head.weight = model.model.embed_tokens.weight
         model.load_hf_state_dict(state_dict)
+        if sum(m.weight.numel() * 4 for m in model._projections()) <= AUTO_PACK_BYTES:
+            model.pack_linears_()
         return model
+
+    def _projections(self) -> List[nn.Linear]:
+        """The fused projections of every layer and the lm_head."""
+        return [m for m in self.modules() if type(m) is nn.Linear]
+
+    def pack_linears_(self) -> int:
+        """Give the projections and the lm_head packed weight copies for the skinny linear kernel
+        (:func:`~specdec_ext.models.cpu_linear.pack_linears_`: float32 CPU models only; memory as
+        much again as those weights), so a verification pass of a few tokens costs little more
+        than a one-token step. :meth:`from_state_dict` / :meth:`from_pretrained` call it when
+        they hold at most :data:`~specdec_ext.models.cpu_linear.AUTO_PACK_BYTES`. A later
+        in-place change of a weight or ``.to()`` is followed (repacked or dropped); a change
+        through ``.data`` is not seen: call this again after one. Returns how many packed.
+        """
+        return pack_linears_(self._projections())
 
     @classmethod
     def from_pretrained(cls, path: Union[str, os.PathLike], dtype: torch.dtype = torch.float32,
