@@ -152,28 +152,27 @@ inline void packed_tile(const SkinnyLinearParams& P, int64_t n0, int64_t m0) {
   }
 }
 
-// Outputs [n0, n0 + NV * kLanes) of rows [m0, M) in row tiles of MR (the last one shorter).
-template <int MR, int NV>
-inline void packed_rows(const SkinnyLinearParams& P, int64_t n0, int64_t m0) {
-  for (; m0 + MR <= P.M; m0 += MR) packed_tile<MR, NV>(P, n0, m0);
-  if constexpr (MR > 1) {
-    if (m0 < P.M) packed_rows<MR - 1, NV>(P, n0, m0);
-  }
-}
-
 // Outputs [n0, n0 + NV * kLanes) of every row, with 8 accumulators per tile where the rows
-// allow (enough independent FMAs to hide their latency): 1 row over all NV vectors, 2 rows
-// over NV / 2 at a time, more rows in tiles of kRowTile over NV / 4 at a time, each slice's
-// weights reused from L1 by every row tile.
+// allow (enough independent FMAs to hide their latency): rows in whole tiles of kRowTile over
+// NV / 4 vectors at a time (each slice's weights reused from L1 by every row tile), then the
+// M mod 4 rows left: 1 row over all NV vectors, 2 rows over NV / 2, 3 rows over NV / 4.
 template <int NV>
 inline void packed_columns(const SkinnyLinearParams& P, int64_t n0) {
   constexpr int kHalf = NV >= 2 ? NV / 2 : 1, kQuarter = NV >= 4 ? NV / 4 : 1;
-  if (P.M == 1) {
-    packed_tile<1, NV>(P, n0, 0);
-  } else if (P.M == 2) {
-    for (int h = 0; h < NV / kHalf; ++h) packed_tile<2, kHalf>(P, n0 + h * kHalf * kLanes, 0);
-  } else {
-    for (int q = 0; q < NV / kQuarter; ++q) packed_rows<kRowTile, kQuarter>(P, n0 + q * kQuarter * kLanes, 0);
+  const int64_t whole = P.M / kRowTile * kRowTile;
+  if (whole > 0) {
+    for (int q = 0; q < NV / kQuarter; ++q)
+      for (int64_t m0 = 0; m0 < whole; m0 += kRowTile) packed_tile<kRowTile, kQuarter>(P, n0 + q * kQuarter * kLanes, m0);
+  }
+  switch (P.M - whole) {
+    case 1: packed_tile<1, NV>(P, n0, whole); break;
+    case 2:
+      for (int h = 0; h < NV / kHalf; ++h) packed_tile<2, kHalf>(P, n0 + h * kHalf * kLanes, whole);
+      break;
+    case 3:
+      for (int q = 0; q < NV / kQuarter; ++q) packed_tile<3, kQuarter>(P, n0 + q * kQuarter * kLanes, whole);
+      break;
+    default: break;
   }
 }
 
