@@ -352,3 +352,13 @@ def test_bench_linear_smoke(tmp_path, capsys):
     assert all(r["weights"] == 5 and r["seconds"] > 0 and "load_1min" in r for r in rows)
     assert [r["vs_one_row"] for r in rows[:3]] == [1.0, 1.0, 1.0]
     assert "ms/pass" in capsys.readouterr().out
+
+
+def test_bench_linear_forward_smoke(tmp_path, capsys):
+    """--forward: the bundled target's forward at each S, packed and plain: rows, load, printed."""
+    path = str(tmp_path / "forward.json")
+    assert not bench_main(["linear", "--forward", "--rows", "1", "3", "--rounds", "2", "--json", path])
+    rows = json.load(open(path))["rows"]
+    assert [r["tokens"] for r in rows] == [1, 3]
+    assert all(r["plain_seconds"] > 0 and r["packed_seconds"] > 0 and "load_1min" in r for r in rows)
+    assert "plain/packed" in capsys.readouterr().out

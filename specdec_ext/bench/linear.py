@@ -17,6 +17,10 @@ Rounds interleave every (M, method) pair, so a slow spell of a shared machine hi
 times are medians over rounds. Columns: ms per pass, the pass over the one-row pass of the
 same method (what a K + 1-token verification costs in matmuls over a one-token step), and
 F.linear over the method. ``--json PATH`` writes the rows with the machine's load.
+
+``--forward``: instead, the bundled target's whole decode forward (reference model, KV cache
+of 64 tokens) at each S = ``--rows`` tokens, with its packed weight copies and without them
+(``LlamaModel.pack_linears_``), interleaved; ms per forward and plain / packed.
 """
 from __future__ import annotations
 
@@ -91,6 +95,44 @@ def format_row(r: Dict) -> str:
             f"{r['f_linear_over_this']:13.2f}")
 
 
+def run_forward(tokens: List[int], rounds: int) -> List[Dict]:
+    """The bundled target's forward of S tokens after a 64-token prompt, packed and plain
+    (the same model: its packed copies set aside for the plain runs), interleaved rounds."""
+    from .. import bundled
+    from ..models import LlamaSpecModel
+    from ..models.cpu_linear import _PACKED
+
+    target, _ = bundled.load_pair()
+    model = LlamaSpecModel(target)
+    model.reset(1, 64 + max(tokens))
+    g = torch.Generator().manual_seed(0)
+    keep = torch.zeros(1, dtype=torch.int64)
+    with torch.no_grad():
+        model.forward(torch.randint(0, target.vocab_size, (1, 64), generator=g))
+        inputs = {s: torch.randint(0, target.vocab_size, (1, s), generator=g) for s in tokens}
+        packed = {m: m.__dict__[_PACKED] for m in target.modules() if _PACKED in m.__dict__}
+        times = {(s, kind): [] for s in tokens for kind in ("plain", "packed")}
+        for r in range(rounds + 1):  # round 0 warms up
+            for s in tokens:
+                for kind in (("plain", "packed") if r % 2 else ("packed", "plain")):
+                    for m, entry in packed.items():
+                        if kind == "packed":
+                            m.__dict__[_PACKED] = entry
+                        else:
+                            m.__dict__.pop(_PACKED, None)
+                    t0 = time.perf_counter()
+                    model.forward(inputs[s])
+                    if r:
+                        times[(s, kind)].append(time.perf_counter() - t0)
+                    model.rollback(s, keep)
+        for m, entry in packed.items():
+            m.__dict__[_PACKED] = entry
+    load = machine_load()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return [dict(tokens=s, plain_seconds=med[(s, "plain")], packed_seconds=med[(s, "packed")],
+                 plain_over_packed=med[(s, "plain")] / med[(s, "packed")], **load) for s in tokens]
+
+
 def main(argv: List[str]) -> None:
     p = OneLineParser(prog="python -m specdec_ext.bench linear", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -101,10 +143,25 @@ def main(argv: List[str]) -> None:
     p.add_argument("--layers", type=int_in(1), default=4, help="layers of the random stack (default 4)")
     p.add_argument("--rounds", type=int_in(1), default=100, help="interleaved rounds (default 100)")
     p.add_argument("--threads", type=int_in(1), default=None, help="torch.set_num_threads")
+    p.add_argument("--forward", action="store_true",
+                   help="time the bundled target's whole forward at S = --rows tokens, packed vs plain linears")
     p.add_argument("--json", metavar="PATH", type=output_path, help="write the rows as JSON")
     args = p.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.forward:
+        with measuring():
+            rows = run_forward(args.rows, args.rounds)
+        warn_if_busy(busiest(rows))
+        print(f"the bundled target's decode forward, {torch.get_num_threads()} threads; medians of {args.rounds} "
+              f"interleaved rounds")
+        print_table(f"{'S':>3} | {'plain ms':>9} {'packed ms':>9} {'plain/packed':>12}", [],
+                    [f"{r['tokens']:>3} | {r['plain_seconds'] * 1e3:9.3f} {r['packed_seconds'] * 1e3:9.3f} "
+                     f"{r['plain_over_packed']:12.2f}" for r in rows])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(benchmark="linear_forward", machine=machine_load(), rows=rows), f, indent=1)
+        return
     weights = model_weights(args.hidden, args.layers)
     with measuring():
         rows = run(weights, args.rows, args.rounds)
