@@ -15,9 +15,10 @@
 // - packed weight [N / 16, K, 16] (ops/linear.py pack_linear_weight): N-vectorised; panel p
 //   holds outputs 16p .. 16p + 15 as K rows of 16, read front to back (so the weights stream
 //   from memory as one sequence per panel), x[m, k] broadcast against each; no horizontal sum,
-//   so a few rows cost little more than one: the bundled target's 25 projections at 4 rows,
-//   2 threads of the 2-core EPYC VM, cold caches, took 0.33 ms packed against 0.50 ms row-major
-//   (0.32 / 0.28 ms at 1 row; 2026-12-06, python -m specdec_ext.bench linear).
+//   so a few rows cost little more than one: one pass over the bundled target's 25 weights, 2
+//   threads of the 2-core EPYC VM, took 0.49 / 0.56 / 0.68 / 1.28 ms packed at 1 / 4 / 5 / 17
+//   rows against 0.79 / 1.14 / 1.02 / 1.48 ms row-major (2026-12-06, commit 3486b22,
+//   python -m specdec_ext.bench linear; benchmarks/RESULTS.md).
 //
 // Order of the arithmetic (the same for every M, tile position and thread count, so a row's
 // result never depends on the other rows of the call; it depends on the layout):
