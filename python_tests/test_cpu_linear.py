@@ -215,3 +215,18 @@ def test_the_reference_model_packs_at_load_and_gives_the_same_tokens():
         a, b = plain(ids), packed(ids)
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_fast_linears_hand_the_kernel_the_packed_copies(monkeypatch):
+    """Layers given packed copies (as HFBatchedSpecModel does) run on them inside fast_linears;
+    a layer whose outputs are not a multiple of 16 keeps its plain weight."""
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 5)).requires_grad_(False)
+    linears = plain_linears(model)
+    assert cpu_linear.pack_linears_(linears) == 1
+    x = torch.randn(2, 3, 8)
+    ref = model(x)
+    seen = _packed_calls(monkeypatch)
+    with fast_linears(linears):
+        got = model(x)
+    assert seen == [True, False]
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)

@@ -90,13 +90,15 @@ def residual_linear(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
 
 
 class RowsLinear(nn.Linear):
-    """``nn.Linear`` whose forward flattens the input to rows and calls :func:`linear`:
-    input [..., in] -> [..., out]. :func:`fast_linears` gives modules this class for a while."""
+    """``nn.Linear`` whose forward flattens the input to rows and calls :func:`linear` (with the
+    module's packed weight where it has one): input [..., in] -> [..., out]. :func:`fast_linears`
+    gives modules this class for a while."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        packed = _packed_outside_compile(self)  # its packed copy, where pack_linears_ gave it one
         if input.dim() == 2:
-            return linear(input, self.weight, self.bias)
-        out = linear(input.reshape(-1, input.shape[-1]), self.weight, self.bias)
+            return linear(input, self.weight, self.bias, packed)
+        out = linear(input.reshape(-1, input.shape[-1]), self.weight, self.bias, packed)
         return out.view(*input.shape[:-1], out.shape[-1])  # not -1: a batch of 0 rows leaves it ambiguous
 
 

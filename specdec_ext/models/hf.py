@@ -36,7 +36,7 @@ from ..cache import TreeNodes
 from ..errors import CacheFullError
 from .base import CacheBackedSpecModel, SpecModel
 from .compiling import RECOMPILE_LIMIT, compile_step
-from .cpu_linear import fast_linears, plain_linears
+from .cpu_linear import AUTO_PACK_BYTES, fast_linears, pack_linears_, plain_linears
 from .llama_cache import ContiguousLlamaCache, LlamaCacheStep
 
 __all__ = ["BATCHED_MODEL_TYPES", "HFBatchedSpecModel", "HFSpecModel", "RECOMPILE_LIMIT", "SpecDecCache",
@@ -325,7 +325,11 @@ class HFBatchedSpecModel(CacheBackedSpecModel):
     :data:`~specdec_ext.models.cpu_linear.MAX_ROWS` float32 rows; ``F.linear`` otherwise): a
     K + 1-token verification pass then costs about what a one-token pass costs in its
     matmuls. Only for the duration of each forward (:func:`~specdec_ext.models.cpu_linear.fast_linears`):
-    the model is a plain transformers model again outside it. False: ``F.linear`` throughout.
+    the model is a plain transformers model again outside it. Float32 layers with a multiple of
+    16 outputs also get packed weight copies (:func:`~specdec_ext.models.cpu_linear.pack_linears_`:
+    a few rows then cost little more than one; as much memory again as those weights, kept on
+    the modules), when those weights hold at most
+    :data:`~specdec_ext.models.cpu_linear.AUTO_PACK_BYTES`. False: ``F.linear`` throughout.
 
     Raises ``ValueError`` (naming the reason) for a model :func:`batched_support` refuses.
     """
@@ -346,6 +350,8 @@ class HFBatchedSpecModel(CacheBackedSpecModel):
         self._run = model  # the model, or its torch.compile'd forward (compile_decode)
         # the exact nn.Linear modules the eager forwards give the skinny kernel (CPU models only)
         self._linears = plain_linears(model) if skinny_linears and self.device.type == "cpu" else []
+        if sum(m.weight.numel() * m.weight.element_size() for m in self._linears) <= AUTO_PACK_BYTES:
+            pack_linears_(self._linears)  # float32 ones only; see the class docstring
         self.cache: Optional[SpecDecCache] = None
 
     def compile_decode(self, enable: bool = True, **options: Any) -> "HFBatchedSpecModel":
