@@ -230,3 +230,16 @@ def test_fast_linears_hand_the_kernel_the_packed_copies(monkeypatch):
         got = model(x)
     assert seen == [True, False]
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_packing_works_on_inference_tensors():
+    """Weights made under torch.inference_mode have no version counter: packing and the
+    follow-up check still work, and a new weight tensor is still seen."""
+    with torch.inference_mode():
+        layer = nn.Linear(8, 16)
+        assert cpu_linear.pack_linears_([layer]) == 1
+        x = torch.randn(3, 8)
+        torch.testing.assert_close(cpu_linear.layer_linear(x, layer), F.linear(x, layer.weight, layer.bias))
+        layer.weight = nn.Parameter(torch.randn(16, 8), requires_grad=False)
+        torch.testing.assert_close(cpu_linear.layer_linear(x, layer), F.linear(x, layer.weight, layer.bias))
+    torch.testing.assert_close(cpu_linear.layer_linear(x, layer), F.linear(x, layer.weight, layer.bias))

@@ -145,13 +145,15 @@ def pack_linears_(layers: Sequence[nn.Linear]) -> int:
     more than one row (csrc/cpu/skinny_linear_kernels.h gives the figures). Memory: as much
     again as those weights. The copy follows the weight: an in-place change or a new tensor
     (``load_state_dict``, ``.to()``) repacks it on the next call, or drops it where the weight
-    is no longer float32 on the CPU. Returns how many layers have a packed copy now.
+    is no longer float32 on the CPU. Not seen: a change through ``.data`` or an in-place change
+    of an inference tensor (a weight made under ``torch.inference_mode``): call this again after
+    one. Returns how many layers have a packed copy now.
     """
     done = 0
     for layer in layers:
         w = layer.weight
         if w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu" and w.shape[0] % PANEL == 0:
-            layer.__dict__[_PACKED] = [pack_linear_weight(w), w._version, w.data_ptr()]
+            layer.__dict__[_PACKED] = [pack_linear_weight(w), _version(w), w.data_ptr()]
             done += 1
     return done
 
@@ -163,12 +165,19 @@ def packed_weight(layer: nn.Module) -> Optional[torch.Tensor]:
     if entry is None:
         return None
     w = layer.weight
-    if entry[1] != w._version or entry[2] != w.data_ptr():
+    if entry[1] != _version(w) or entry[2] != w.data_ptr():
         if not (w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu" and w.shape[0] % PANEL == 0):
             del layer.__dict__[_PACKED]
             return None
-        entry[:] = [pack_linear_weight(w), w._version, w.data_ptr()]
+        entry[:] = [pack_linear_weight(w), _version(w), w.data_ptr()]
     return entry[0]
+
+
+def _version(w: torch.Tensor) -> int:
+    """w's version counter (bumped by every in-place change), or -1 for an inference tensor
+    (made under ``torch.inference_mode``), which has none: an in-place change of one is not
+    seen (a new tensor still is)."""
+    return -1 if w.is_inference() else w._version
 
 
 def layer_linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:

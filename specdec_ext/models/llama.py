@@ -458,7 +458,8 @@ class LlamaModel(nn.Module):
         than a one-token step. :meth:`from_state_dict` / :meth:`from_pretrained` call it when
         they hold at most :data:`~specdec_ext.models.cpu_linear.AUTO_PACK_BYTES`. A later
         in-place change of a weight or ``.to()`` is followed (repacked or dropped); a change
-        through ``.data`` is not seen: call this again after one. Returns how many packed.
+        through ``.data``, or in place on a weight made under ``torch.inference_mode``, is not
+        seen: call this again after one. Returns how many packed.
         """
         return pack_linears_(self._projections())
 
