@@ -178,7 +178,8 @@ inline void packed_columns(const SkinnyLinearParams& P, int64_t n0) {
 }
 
 constexpr int kBlockVecs = 8;                   // vectors of outputs per packed block
-constexpr int kBlock = kBlockVecs * kLanes;     // outputs per packed block (a multiple of kPanel)
+constexpr int kBlock = kBlockVecs * kLanes;     // outputs per packed block
+static_assert(kBlock % kPanel == 0, "a packed block is a whole number of panels");
 
 // Packed blocks [b0, b1) of kBlock outputs; the last one may be shorter (N mod kBlock
 // outputs, a multiple of kPanel, one panel at a time).
