@@ -36,13 +36,14 @@ import torch.nn.functional as F
 import specdec_ext  # noqa: F401  (registers torch.ops.specdec.*)
 
 from .._cli import OneLineParser, int_in, output_path
+from ..ops.linear import PANEL
 from .report import measuring, print_table
 from .timing import busiest, machine_load, warn_if_busy
 
 _op = torch.ops.specdec.skinny_linear
 #: name -> (prepare the weight once, call it on x)
 METHODS = {"F.linear": (lambda w: w, F.linear), "skinny_linear": (lambda w: w, _op),
-           "skinny_packed": (lambda w: specdec_ext.pack_linear_weight(w) if w.shape[0] % 16 == 0 else w, _op)}
+           "skinny_packed": (lambda w: specdec_ext.pack_linear_weight(w) if w.shape[0] % PANEL == 0 else w, _op)}
 
 
 def model_weights(hidden: int, layers: int) -> List[torch.Tensor]:
@@ -125,8 +126,6 @@ def run_forward(tokens: List[int], rounds: int) -> List[Dict]:
                     if r:
                         times[(s, kind)].append(time.perf_counter() - t0)
                     model.rollback(s, keep)
-        for m, entry in packed.items():
-            m.__dict__[_PACKED] = entry
     load = machine_load()
     med = {k: statistics.median(v) for k, v in times.items()}
     return [dict(tokens=s, plain_seconds=med[(s, "plain")], packed_seconds=med[(s, "packed")],

@@ -42,8 +42,9 @@ from ..ops.linear import PANEL, pack_linear_weight, skinny_linear  # noqa: F401 
 
 _op = torch.ops.specdec.skinny_linear  # looked up once: a step calls it ~25-45 times
 
-__all__ = ["AUTO_PACK_BYTES", "MAX_ROWS", "RowsLinear", "fast_linears", "layer_linear", "layer_residual_linear",
-           "linear", "pack_linears_", "packed_weight", "plain_linears", "residual_linear", "skinny_linear"]
+__all__ = ["AUTO_PACK_BYTES", "MAX_ROWS", "RowsLinear", "auto_pack_linears_", "fast_linears", "layer_linear",
+           "layer_residual_linear", "linear", "pack_linears_", "packed_weight", "plain_linears", "residual_linear",
+           "skinny_linear"]
 
 #: The most rows :func:`linear` gives the skinny kernel (a B = 1 pass at the CLI's K = 16);
 #: more go to ``F.linear``. Each weight row is reused from L1 by every row tile, so the cost
@@ -127,12 +128,11 @@ def fast_linears(linears: Sequence[nn.Linear]) -> Iterator[None]:
             object.__setattr__(m, "__class__", nn.Linear)
 
 
-
 # ---- packed weights ----------------------------------------------------------------
 
-#: :meth:`LlamaModel.from_state_dict <specdec_ext.models.LlamaModel.from_state_dict>` packs a
-#: float32 CPU model's projections when they hold at most this many bytes (the packed copies
-#: cost as much memory again); a larger model packs on request (:func:`pack_linears_`).
+#: :func:`auto_pack_linears_` (the reference model at load, ``HFBatchedSpecModel``) packs a
+#: model's linears when their weights hold at most this many bytes (the packed copies cost as
+#: much memory again); a larger model packs on request (:func:`pack_linears_`).
 AUTO_PACK_BYTES = 1 << 30
 
 _PACKED = "_specdec_packed"  # module attribute: [packed tensor, weight version, weight data_ptr]
@@ -152,10 +152,23 @@ def pack_linears_(layers: Sequence[nn.Linear]) -> int:
     done = 0
     for layer in layers:
         w = layer.weight
-        if w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu" and w.shape[0] % PANEL == 0:
+        if _packable(w):
             layer.__dict__[_PACKED] = [pack_linear_weight(w), _version(w), w.data_ptr()]
             done += 1
     return done
+
+
+def auto_pack_linears_(layers: Sequence[nn.Linear]) -> int:
+    """:func:`pack_linears_` when the layers' weights hold at most :data:`AUTO_PACK_BYTES`
+    (else nothing); returns how many layers it packed."""
+    if sum(m.weight.numel() * m.weight.element_size() for m in layers) > AUTO_PACK_BYTES:
+        return 0
+    return pack_linears_(layers)
+
+
+def _packable(w: torch.Tensor) -> bool:
+    """Whether :func:`~specdec_ext.ops.pack_linear_weight` takes w and the skinny kernel can read it."""
+    return w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu" and w.shape[0] % PANEL == 0
 
 
 def packed_weight(layer: nn.Module) -> Optional[torch.Tensor]:
@@ -166,7 +179,7 @@ def packed_weight(layer: nn.Module) -> Optional[torch.Tensor]:
         return None
     w = layer.weight
     if entry[1] != _version(w) or entry[2] != w.data_ptr():
-        if not (w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu" and w.shape[0] % PANEL == 0):
+        if not _packable(w):
             del layer.__dict__[_PACKED]
             return None
         entry[:] = [pack_linear_weight(w), _version(w), w.data_ptr()]

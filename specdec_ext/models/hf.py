@@ -36,7 +36,7 @@ from ..cache import TreeNodes
 from ..errors import CacheFullError
 from .base import CacheBackedSpecModel, SpecModel
 from .compiling import RECOMPILE_LIMIT, compile_step
-from .cpu_linear import AUTO_PACK_BYTES, fast_linears, pack_linears_, plain_linears
+from .cpu_linear import auto_pack_linears_, fast_linears, plain_linears
 from .llama_cache import ContiguousLlamaCache, LlamaCacheStep
 
 __all__ = ["BATCHED_MODEL_TYPES", "HFBatchedSpecModel", "HFSpecModel", "RECOMPILE_LIMIT", "SpecDecCache",
@@ -350,8 +350,7 @@ class HFBatchedSpecModel(CacheBackedSpecModel):
         self._run = model  # the model, or its torch.compile'd forward (compile_decode)
         # the exact nn.Linear modules the eager forwards give the skinny kernel (CPU models only)
         self._linears = plain_linears(model) if skinny_linears and self.device.type == "cpu" else []
-        if sum(m.weight.numel() * m.weight.element_size() for m in self._linears) <= AUTO_PACK_BYTES:
-            pack_linears_(self._linears)  # float32 ones only; see the class docstring
+        auto_pack_linears_(self._linears)  # float32 ones only; see the class docstring
         self.cache: Optional[SpecDecCache] = None
 
     def compile_decode(self, enable: bool = True, **options: Any) -> "HFBatchedSpecModel":

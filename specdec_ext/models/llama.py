@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,7 @@ from torch import nn
 from ..cache import TreeNodes
 from .base import CacheBackedSpecModel
 from .compiling import compile_step
-from .cpu_linear import AUTO_PACK_BYTES, layer_linear, layer_residual_linear, pack_linears_
+from .cpu_linear import auto_pack_linears_, layer_linear, layer_residual_linear, pack_linears_, plain_linears
 from .llama_cache import ContiguousLlamaCache, LlamaCacheStep, PagedLlamaCache
 from .llama_config import LlamaConfig
 
@@ -443,13 +443,8 @@ class LlamaModel(nn.Module):
         if model.config.tie_word_embeddings:  # to_empty makes new Parameters: tie them again
             model.lm_head.weight = model.model.embed_tokens.weight
         model.load_hf_state_dict(state_dict)
-        if sum(m.weight.numel() * 4 for m in model._projections()) <= AUTO_PACK_BYTES:
-            model.pack_linears_()
+        auto_pack_linears_(plain_linears(model))  # see pack_linears_
         return model
-
-    def _projections(self) -> List[nn.Linear]:
-        """The fused projections of every layer and the lm_head."""
-        return [m for m in self.modules() if type(m) is nn.Linear]
 
     def pack_linears_(self) -> int:
         """Give the projections and the lm_head packed weight copies for the skinny linear kernel
@@ -461,7 +456,7 @@ class LlamaModel(nn.Module):
         through ``.data``, or in place on a weight made under ``torch.inference_mode``, is not
         seen: call this again after one. Returns how many packed.
         """
-        return pack_linears_(self._projections())
+        return pack_linears_(plain_linears(self))  # the projections and the lm_head
 
     @classmethod
     def from_pretrained(cls, path: Union[str, os.PathLike], dtype: torch.dtype = torch.float32,
