@@ -6,7 +6,9 @@
 
 Both are Llama-architecture models in Hugging Face format (config.json, fp16
 model.safetensors, tokenizer.json) trained on the Python standard library's source: a
-~3M-parameter target and a one-layer draft (~6.5x fewer parameters) distilled from it. Everything loads
+~3M-parameter target and a one-layer draft (~6.5x fewer parameters) distilled from it.
+``head/`` holds a draft head for the target (:func:`load_head`: drafts from the target's own
+hidden state, no draft model). Everything loads
 offline; the files' SHA-256 sums are recorded in checksums.json and checked on load, so
 a corrupt install is a clear error rather than garbage output.
 """
@@ -28,9 +30,9 @@ class CorruptAssetError(RuntimeError):
 
 
 def pair_dir(which: str) -> str:
-    """Directory of the bundled 'target' or 'draft' checkpoint."""
-    if which not in ("target", "draft"):
-        raise ValueError(f"which must be 'target' or 'draft', got {which!r}")
+    """Directory of the bundled 'target' or 'draft' checkpoint, or of the target's draft 'head'."""
+    if which not in ("target", "draft", "head"):
+        raise ValueError(f"which must be 'target', 'draft' or 'head', got {which!r}")
     return os.path.join(PAIR_DIR, which)
 
 
@@ -75,6 +77,17 @@ def load_pair(device="cpu", dtype: torch.dtype = torch.float32, implementation: 
         return tuple(LlamaForCausalLM.from_pretrained(pair_dir(w), dtype=dtype).to(device).eval()
                      for w in ("target", "draft"))
     raise ValueError(f"implementation must be 'reference' or 'hf', got {implementation!r}")
+
+
+def load_head(target, check: bool = True):
+    """The bundled target's draft head (:class:`specdec_ext.models.DraftHead`, trained by
+    scripts/train_draft_head.py) over ``target``, the bundled target loaded by the reference
+    model (``load_pair()[0]``) on any device and dtype: the engine's ``drafter='head'``."""
+    from .models import DraftHead
+
+    if check:
+        verify_checksums()
+    return DraftHead.from_pretrained(pair_dir("head"), target)
 
 
 def load_tokenizer(check: bool = False):

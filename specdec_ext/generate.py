@@ -137,11 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default: cost, per row), by 'threshold' (the simple rule), or by 'budget' (one "
                          "batch-wide plan of every row's K, engine/budget.py); not with --fixed-k")
     ap.add_argument("--fixed-k", action="store_true", help="always draft exactly --k tokens (no adaptation)")
-    ap.add_argument("--drafter", choices=["model", "ngram", "hybrid", "suffix"], default=None,
+    ap.add_argument("--drafter", choices=["model", "ngram", "hybrid", "suffix", "head"], default=None,
                     help="where drafts come from: the draft model, prompt lookup (n-gram) in the prompt and "
-                         "output (default: measured fastest on the bundled pair; with --tree: model), n-gram "
-                         "where a match exists and the model elsewhere, or suffix (a suffix index of the prompt and "
-                         "output and of the engine's earlier outputs, e.g. the earlier prompts of --prompt-file)")
+                         "output (default with --target DIR; with --tree: model), n-gram "
+                         "where a match exists and the model elsewhere, suffix (a suffix index of the prompt and "
+                         "output and of the engine's earlier outputs, e.g. the earlier prompts of --prompt-file), "
+                         "or head: n-gram where a match exists and the target's draft head elsewhere (default with "
+                         "the bundled pair: measured fastest there)")
+    ap.add_argument("--draft-head", metavar="DIR", default=None,
+                    help="--drafter head: the head's directory (DraftHead.save_pretrained; default: the bundled "
+                         "target's head, so needed with --target DIR)")
     ap.add_argument("--suffix-tree", action="store_true",
                     help="--drafter suffix proposes trees (scored in one target pass, verified by verify_tree) "
                          "instead of chains")
@@ -205,12 +210,14 @@ def _target_config(args) -> dict:
 
 
 def _uses_draft_model(args) -> bool:
-    """The n-gram drafter drafts from the prompt and output: no draft model is loaded."""
-    return args.drafter not in ("ngram", "suffix")
+    """The n-gram, suffix and head drafters need no draft model: none is loaded."""
+    return args.drafter not in ("ngram", "suffix", "head")
 
 
 def _check_drafter(ap: argparse.ArgumentParser, args) -> None:
-    """--drafter defaults to ngram, or to model with --tree (which drafts with the model only)."""
+    """--drafter defaults to head for the bundled pair on the reference model (eager, no
+    --datastore) or with --draft-head, to ngram otherwise, and to model with --tree (which
+    drafts with the model only)."""
     if args.suffix_tree and args.drafter != "suffix":
         ap.error("--suffix-tree shapes the suffix drafter's proposals: add --drafter suffix")
     if args.suffix_tree and args.verify == "block":
@@ -224,11 +231,29 @@ def _check_drafter(ap: argparse.ArgumentParser, args) -> None:
             ap.error("--tree verifies in exact mode only: drop --coupled")
         if args.verify == "block":
             ap.error("--tree verifies token by token only: drop --verify block")
-    args.drafter = "model" if args.tree is not None else args.drafter or "ngram"
+    if args.draft_head is not None and args.drafter not in (None, "head"):
+        ap.error(f"--draft-head drafts for --drafter head, not --drafter {args.drafter}")
+    # the bundled pair ships a draft head for the reference model's eager steps; --datastore drafts
+    # next to prompt lookup
+    head_ok = not (args.hf or args.compile or args.datastore is not None)
+    default = "head" if (args.target is None or args.draft_head is not None) and head_ok else "ngram"
+    args.drafter = "model" if args.tree is not None else args.drafter or default
+    if args.drafter == "head":
+        if args.target is not None and args.draft_head is None:
+            ap.error("--drafter head with --target DIR needs --draft-head DIR (the bundled head reads the bundled "
+                     "target only)")
+        if args.hf:
+            ap.error("--drafter head reads the target's hidden states, which the reference model keeps: drop --hf "
+                     "(or use --drafter ngram)")
+        if args.compile:
+            ap.error("--drafter head runs the target's steps eager (it keeps their hidden states): drop --compile "
+                     "(or use --drafter ngram)")
+        if args.draft_head is not None and not os.path.isfile(os.path.join(args.draft_head, "config.json")):
+            ap.error(f"--draft-head {args.draft_head}: not a head directory (no config.json there)")
     args.k_default = args.k is None  # a default K shrinks to fit a long prompt (a given one is refused)
     if args.k is None:
         # hybrid: most drafts come from the text; its model rows' K stays short by the cost model
-        chains = args.drafter in ("ngram", "hybrid") or (args.drafter == "suffix" and not args.suffix_tree)
+        chains = args.drafter in ("ngram", "hybrid", "head") or (args.drafter == "suffix" and not args.suffix_tree)
         args.k = DEFAULT_K_TEXT if chains else DEFAULT_K_MODEL
 
 
@@ -655,7 +680,23 @@ def _engine(args, target, draft, metrics):
                              adaptive_k=False if args.fixed_k else (args.adaptive or "cost"), metrics=metrics,
                              drafter="auto" if args.drafter == "ngram" else args.drafter, max_ngram=args.max_ngram,
                              verify_mode=_mode(args), tree=args.tree, tree_mode=args.tree_mode, suffix=suffix,
-                             datastore=load_datastore(args))
+                             datastore=load_datastore(args), draft_head=_draft_head(args, target))
+
+
+def _draft_head(args, target):
+    """--drafter head: the head over ``target`` (--draft-head DIR, else the bundled one), loaded once."""
+    if args.drafter != "head":
+        return None
+    if getattr(args, "draft_head_model", None) is None:
+        from . import bundled
+        from .models import DraftHead
+
+        try:
+            args.draft_head_model = (bundled.load_head(target, check=False) if args.draft_head is None
+                                     else DraftHead.from_pretrained(args.draft_head, target))
+        except (OSError, KeyError, TypeError, ValueError) as e:
+            _fail(f"--draft-head {args.draft_head or bundled.pair_dir('head')}: {e}")
+    return args.draft_head_model
 
 
 def time_file_rounds(make_engine, plain, prompts, args, eos, rounds: int, update=lambda done: None):

@@ -79,7 +79,13 @@ __all__ = ["SpeculativeEngine"]
 
 _POLICIES = {True: "cost", False: "fixed", "cost": "cost", "fixed": "fixed", "threshold": "threshold",
              "budget": "budget"}
-_DRAFTERS = ("auto", "model", "ngram", "hybrid", "suffix")
+_DRAFTERS = ("auto", "model", "ngram", "hybrid", "suffix", "head")
+#: The source name of draft-head proposals (see :class:`.adaptive_k.AcceptanceEstimator`).
+HEAD_SOURCE = "head"
+#: Drafts the head proposes for a row without a prompt-lookup match (adaptive K may test
+#: fewer): its greedy chain agrees with the bundled target's next tokens about 43 / 19 / 9 % of
+#: the time at depth 1 / 2 / 3 on held-out text, and each depth costs an lm_head row.
+HEAD_DRAFTS = 3
 
 
 #: The frozen cost model of the drafters without a model (no timing, so a seeded run makes the
@@ -105,10 +111,10 @@ def _drafter(draft, drafter: str):
     """(the draft model or None, 'model' | 'ngram' | 'hybrid' | 'suffix') from the constructor's arguments."""
     if drafter not in _DRAFTERS:
         raise ValueError(f"drafter must be one of {_DRAFTERS}, got {drafter!r}")
-    if drafter == "suffix":
+    if drafter in ("suffix", "head"):
         if draft is not None and not isinstance(draft, str):
-            raise ValueError("drafter='suffix' takes no draft model (pass draft=None)")
-        return None, "suffix"
+            raise ValueError(f"drafter={drafter!r} takes no draft model (pass draft=None)")
+        return None, drafter
     if isinstance(draft, str):
         if draft != "ngram":
             raise ValueError(f"draft must be a model, None or 'ngram', got {draft!r}")
@@ -161,7 +167,13 @@ class SpeculativeEngine:
         prompt and output and a global one of the engine's earlier outputs (kept across
         ``generate`` calls, bounded by ``suffix.max_cached_requests``), at most K tokens,
         also deterministic (one-hot q; trees with ``suffix=SuffixConfig(tree=True)``).
+        'head' (no draft model, needs ``draft_head``): n-gram drafts where the row's text has a
+        match, else the draft head's, read from the target's own last hidden state
+        (:mod:`specdec_ext.models.draft_head`); deterministic too (one-hot q).
     suffix : SuffixConfig, optional (drafter 'suffix'): index depth, draft size, probability floor, cache bound, trees
+    draft_head : DraftHead, optional (drafter 'head'): a head over this target
+        (:class:`specdec_ext.models.DraftHead`, e.g. :func:`specdec_ext.bundled.load_head`); the
+        target must expose its hidden states (:attr:`SpecModel.supports_hidden`: ``LlamaSpecModel``)
     datastore : Datastore, optional (drafters 'ngram' and 'hybrid'): a fixed corpus of token
         ids (:mod:`.datastore`, retrieval drafting) that drafts for a row whose own text has
         no match of ``datastore.min_context_match`` tokens; its ids must be < the target's
@@ -196,7 +208,7 @@ class SpeculativeEngine:
                  step_costs: Optional[StepCosts] = None, drafter: str = "auto", max_ngram: int = 3,
                  verify_mode: Optional[str] = None, tree: Optional[Sequence[int]] = None,
                  tree_mode: str = "sampled", suffix: Optional[SuffixConfig] = None,
-                 datastore: Optional[Datastore] = None):
+                 datastore: Optional[Datastore] = None, draft_head=None):
         self.k_max = check_int("k", k, 0)
         if verify_mode is not None:
             verify_mode_arg(verify_mode, "verify_mode")
@@ -234,6 +246,27 @@ class SpeculativeEngine:
         self.step_costs = step_costs
         self.suffix = self._check_suffix(suffix)
         self.datastore = self._check_datastore(datastore)
+        self.head = self._check_head(draft_head)
+
+    def _check_head(self, head):
+        """The draft head (drafter 'head'), after checking that it reads this target."""
+        from ..models.draft_head import DraftHead
+
+        if self.drafter != "head":
+            if head is not None:
+                raise ValueError(f"draft_head= drafts for drafter='head', got drafter={self.drafter!r}")
+            return None
+        if head is None:
+            raise ValueError("drafter='head' needs draft_head= (e.g. specdec_ext.bundled.load_head(target))")
+        if not isinstance(head, DraftHead):
+            raise TypeError(f"draft_head must be a specdec_ext.models.DraftHead, got {type(head).__name__}")
+        if not self.target.supports_hidden:
+            raise ValueError(f"drafter='head' reads the target's hidden states, which {type(self.target).__name__} "
+                             "does not expose (use the reference LlamaModel)")
+        if getattr(self.target, "model", None) is not head.target:
+            raise ValueError("draft_head was made over another model than this target (DraftHead(target, ...) "
+                             "reads its target's embedding, final norm and lm_head)")
+        return head
 
     def _check_datastore(self, datastore: Optional[Datastore]) -> Optional[Datastore]:
         """The datastore (drafters 'ngram' and 'hybrid'), after checking it fits the target."""
@@ -317,10 +350,14 @@ class SpeculativeEngine:
         run = self._start(input_ids, max_new_tokens, temperature, seed, eos_token_id, attention_mask,
                           dict(top_k=top_k, top_p=top_p, min_p=min_p))
         sync = SyncDebug(debug_sync and self.device.type == "cuda")
-        while any(run.active):
-            self._step(run, sync)
-            if progress is not None:
-                progress(run.tokens_done())
+        try:
+            while any(run.active):
+                self._step(run, sync)
+                if progress is not None:
+                    progress(run.tokens_done())
+        finally:
+            if self.head is not None:
+                self.target.keep_hidden_states(False)
         return run.output(t_start)
 
     # ------------------------------------------------------------------ phases of a run
@@ -359,9 +396,32 @@ class SpeculativeEngine:
                          else DatastoreRow(self.datastore, self.max_ngram) for _ in prompts]
             for index, p in zip(run.ngram, prompts):
                 index.extend(p)
+        if self.head is not None:
+            self.target.keep_hidden_states(True)
         if max_new_tokens > 0:
-            run.cache_len = self._prepare_caches(prompts, max_new_tokens)
+            try:
+                run.cache_len = self._prepare_caches(prompts, max_new_tokens)
+            except BaseException:
+                if self.head is not None:
+                    self.target.keep_hidden_states(False)
+                raise
+            if self.head is not None:  # the prefill's last position produced each row's last prompt token
+                self._keep_head_features(run, [len(p) - 2 for p in prompts])
         return run
+
+    def _keep_head_features(self, run: Run, index: List[int]) -> None:
+        """Keep, for the draft head, each row's final hidden state at position ``index[b]`` of the
+        target's last forward (the one that produced the row's newest token); -1: none (a
+        one-token prompt: the head does not draft for the row until its first step)."""
+        B = len(index)
+        run.head_ok = [i >= 0 for i in index]
+        if not any(run.head_ok):
+            run.head_feats = None
+            return
+        hidden = self.target.hidden_states()  # [B, S, H]
+        rows = torch.arange(B, device=hidden.device)
+        cols = self._to_device(torch.tensor([max(i, 0) for i in index], dtype=torch.int64))
+        run.head_feats = hidden[rows, cols]  # [B, H]
 
     def _policy(self, temps: torch.Tensor) -> PerRowK:
         """Per-row K; greedy rows, and every row in coupled mode, share one choice (their
@@ -446,6 +506,8 @@ class SpeculativeEngine:
         drop_entries(self.target, [k + 1 - (c.kept_target if c else 0) for c in commits])
         if k > 0 and how[0] != "idle":  # the draft model appended its pending tokens and d_1..d_(K-1)
             drop_entries(self.draft, [n + k - 1 - (c.kept_draft if c else 0) for n, c in zip(n_pending, commits)])
+        if self.head is not None:  # target entry kept_target - 1 produced the row's last emitted token
+            self._keep_head_features(run, [c.kept_target - 1 if c else -1 for c in commits])
         run.apply(commits, k)
         run.last = self._to_device(torch.tensor(run.last_tokens(), dtype=torch.int64))
         self._set_positions(run)
@@ -510,7 +572,21 @@ class SpeculativeEngine:
             prop, source = index.propose_source(self.k_max) if run.active[b] else ([], None)
             props.append(prop)
             sources.append(MODEL_SOURCE if source is None and self.draft is not None else source)
+        if self.head is not None:
+            self._head_proposals(run, props, sources)
         return props, sources
+
+    def _head_proposals(self, run: Run, props: List[List[int]], sources: List[Optional[str]]) -> None:
+        """Fill in the draft head's proposal (source "head") for the active rows that have no
+        prompt-lookup match, in one batched call (one device -> host copy of the drafts)."""
+        rows = [b for b in range(len(props)) if run.active[b] and not props[b] and run.head_ok[b]]
+        depth = min(self.k_max, HEAD_DRAFTS)
+        if not rows or depth == 0:
+            return
+        index = self._to_device(torch.tensor(rows, dtype=torch.int64))
+        drafts = self.head.propose(run.head_feats[index], run.last[index], depth).cpu().tolist()
+        for b, d in zip(rows, drafts):
+            props[b], sources[b] = d, HEAD_SOURCE
 
     def _draft(self, run: Run, ks: List[int], props: Optional[List[List[int]]] = None):
         """(each row's K, draft_ids [B, K], draft_probs [B, K, V] or None, what the draft model

@@ -37,6 +37,8 @@ class Run:
     cache_len: int = 0                # positions each model's cache holds per row
     ngram: Optional[List[NgramIndex]] = None  # per-row prompt-lookup index (n-gram / hybrid drafting)
     draft_model: bool = True          # a draft model runs (else ``pending`` is not tracked: nothing reads it)
+    head_feats: Optional[torch.Tensor] = None  # [B, H] on the device (drafter 'head'): see _keep_head_features
+    head_ok: List[bool] = field(default_factory=list)  # row b has a head feature
     generated: List[List[int]] = field(default_factory=list)
     pending: List[List[int]] = field(default_factory=list)
     active: List[bool] = field(default_factory=list)

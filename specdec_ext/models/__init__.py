@@ -6,5 +6,6 @@ safetensors checkpoint imports ``safetensors`` lazily.
 from .base import SpecModel
 from .adapt import adapt
 from .llama import LlamaConfig, LlamaModel, LlamaSpecModel
+from .draft_head import DraftHead
 
-__all__ = ["LlamaConfig", "LlamaModel", "LlamaSpecModel", "SpecModel", "adapt"]
+__all__ = ["DraftHead", "LlamaConfig", "LlamaModel", "LlamaSpecModel", "SpecModel", "adapt"]

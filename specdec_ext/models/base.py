@@ -104,6 +104,24 @@ class SpecModel(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} does not support tree speculation (no compact)")
 
+    # ---- hidden states (optional: a draft head reads them) ---------------------
+    def keep_hidden_states(self, enable: bool) -> None:
+        """While enabled, every forward keeps its final hidden states for :meth:`hidden_states`
+        (the engine's ``drafter='head'``). Default: ``NotImplementedError``."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its hidden states (no keep_hidden_states)")
+
+    def hidden_states(self) -> torch.Tensor:
+        """Tensor [B, S, H]: the final hidden states (after the final norm, the lm_head's
+        input) of the last forward, while :meth:`keep_hidden_states` is enabled."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its hidden states (no hidden_states)")
+
+    @property
+    def supports_hidden(self) -> bool:
+        """True when the model overrides :meth:`keep_hidden_states` and :meth:`hidden_states`."""
+        cls = type(self)
+        return (cls.keep_hidden_states is not SpecModel.keep_hidden_states
+                and cls.hidden_states is not SpecModel.hidden_states)
+
     @property
     def supports_tree(self) -> bool:
         """True when the model overrides both :meth:`forward_tree` and :meth:`compact`."""

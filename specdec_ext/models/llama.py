@@ -247,6 +247,10 @@ class LlamaModel(nn.Module):
     Weights are initialised N(0, 0.02) (norms to one) from the current torch RNG; load real
     ones with :meth:`from_pretrained` / :meth:`from_state_dict` / :meth:`load_hf_state_dict`.
     Every parameter has ``requires_grad=False`` (inference only).
+
+    ``keep_hidden = True``: every forward also leaves its final hidden states (after the final
+    norm: the lm_head's input), Tensor [B, S, hidden_size], in ``last_hidden`` (a draft head
+    reads them, :class:`~specdec_ext.models.draft_head.DraftHead`); such steps run eager.
     """
 
     def __init__(self, config: Any, dtype: torch.dtype = torch.float32,
@@ -272,6 +276,8 @@ class LlamaModel(nn.Module):
                     p.normal_(0.0, 0.02)
         self._rope: Dict[Any, Any] = {}
         self._compiled = None
+        self.keep_hidden = False
+        self.last_hidden: Optional[torch.Tensor] = None  # [B, S, hidden] of the last forward (keep_hidden)
 
     # Read from the weights, so that they stay right after ``model.to(...)``.
     @property
@@ -360,7 +366,7 @@ class LlamaModel(nn.Module):
         cs = self._rope_tables(table_len)[positions].to(self.dtype)
         cos, sin = cs[:, :, 0:1], cs[:, :, 1:2]  # [B, S, 1, D]: broadcast over the heads
         run = self._layers
-        if self._compiled is not None and isinstance(cache, ContiguousLlamaCache):
+        if self._compiled is not None and isinstance(cache, ContiguousLlamaCache) and not self.keep_hidden:
             run = self._compiled
         logits = run(input_ids, cos, sin, cache, step)
         if cache is not None:
@@ -377,7 +383,10 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.model.layers):
             x = layer.forward(x, cos, sin, i, cache, step)
         norm = self.model.norm
-        return layer_linear(_rms_norm(x, norm.weight, norm.eps), self.lm_head).view(B, S, -1)
+        h = _rms_norm(x, norm.weight, norm.eps)
+        if self.keep_hidden:
+            self.last_hidden = h.view(B, S, -1)
+        return layer_linear(h, self.lm_head).view(B, S, -1)
 
     def compile_decode(self, enable: bool = True, *, freeze: bool = False, **options: Any) -> "LlamaModel":
         """Run the layers of every step on a contiguous cache through
@@ -618,6 +627,18 @@ class LlamaSpecModel(CacheBackedSpecModel):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [B, S] int64 -> logits [B, S, V] of the model dtype; appends and advances."""
         return self.model(input_ids, self._cache())
+
+    def keep_hidden_states(self, enable: bool) -> None:
+        """Keep each forward's final hidden states (``LlamaModel.keep_hidden``; steps run eager)."""
+        self.model.keep_hidden = bool(enable)
+        if not enable:
+            self.model.last_hidden = None
+
+    def hidden_states(self) -> torch.Tensor:
+        """Tensor [B, S, hidden_size] of the model dtype: the last forward's final hidden states."""
+        if self.model.last_hidden is None:
+            raise RuntimeError("no hidden states kept: call keep_hidden_states(True) before the forward")
+        return self.model.last_hidden
 
     def forward_tree(self, input_ids: torch.Tensor, tree: TreeNodes) -> torch.Tensor:
         """input_ids [B, S] int64 (tree nodes, see :meth:`SpecModel.forward_tree`) -> logits

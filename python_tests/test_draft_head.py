@@ -1,0 +1,244 @@
+"""The draft head (drafter='head', specdec_ext.models.DraftHead): its fast decode path equals
+the trained recurrence, the engine's output is target-only's (greedy, token for token) and
+follows the target's law at T > 0 (chi-square), its drafts read the right hidden state (the
+bundled head's drafts are accepted: a wrong feature makes them useless), and bad arguments
+are refused before anything runs."""
+import pytest
+import torch
+
+from helpers import draws, ragged_prompts, reference_model, tiny_llama
+from specdec_ext import SpeculativeEngine, bundled
+from specdec_ext.engine import engine as engine_module
+from specdec_ext.models import DraftHead, LlamaModel, LlamaSpecModel
+from stats_reference import ALPHA, chi_square_pvalue, sequence_counts, sequence_law
+
+transformers = pytest.importorskip("transformers")
+
+V = 97
+PROMPTS = ["import os\nimport sys\n", "class Stack:\n    def push(self, x):", "for i in range(10):\n"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, _ = bundled.load_pair()
+    return target, bundled.load_head(target)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """(HF tiny Llama, the reference float64 model over its weights, a random head over it)."""
+    hf = tiny_llama(64, 2, seed=1)
+    ref = reference_model(hf).model
+    torch.manual_seed(5)
+    head = DraftHead(ref, 32)
+    with torch.no_grad():  # small weights: the head drafts about the target's last greedy token again
+        for p in head.parameters():
+            p.mul_(0.1)
+    return hf, ref, head.eval()
+
+
+def _batch(tok, prompts):
+    ids = [tok.encode(p).ids for p in prompts]
+    T = max(map(len, ids))
+    batch, mask = torch.zeros(len(ids), T, dtype=torch.int64), torch.zeros(len(ids), T, dtype=torch.int64)
+    for b, e in enumerate(ids):
+        batch[b, T - len(e):], mask[b, T - len(e):] = torch.tensor(e), 1
+    return batch, mask
+
+
+# ---------------------------------------------------------------- the head itself
+def _slow_chain(head, feats, tokens, k):
+    """The recurrence as trained (:meth:`DraftHead.step` then :meth:`DraftHead.logits`), each
+    draft the argmax over the head's draft vocabulary."""
+    out, f, x = [], feats, tokens
+    vocab = head.draft_vocab
+    with torch.no_grad():
+        for _ in range(k):
+            f = head.step(f, x)
+            logits = head.logits(f)
+            x = logits.argmax(-1) if vocab is None else vocab[logits[:, vocab].argmax(-1)]
+            out.append(x)
+    return torch.stack(out, 1)
+
+
+def test_bundled_head_loads_and_is_checksummed(pair):
+    target, head = pair
+    sums = bundled.verify_checksums()
+    assert {"head/config.json", "head/head.safetensors", "head/training.json"} <= set(sums)
+    assert head.target is target and head.hidden_size == target.config.hidden_size
+    assert head.draft_vocab is not None and head.draft_vocab.numel() == 1024
+    assert sum(p.numel() for p in head.parameters()) < 0.15 * sum(p.numel() for p in target.parameters())
+
+
+@pytest.mark.parametrize("k", [0, 1, 4])
+def test_fast_path_equals_the_trained_recurrence(pair, k):
+    target, head = pair
+    torch.manual_seed(0)
+    feats = target.model.norm.weight * torch.randn(5, target.config.hidden_size)
+    tokens = torch.randint(0, target.vocab_size, (5,))
+    out = head.propose(feats, tokens, k)
+    assert out.shape == (5, k) and out.dtype == torch.int64
+    if k:
+        assert torch.equal(out, _slow_chain(head, feats, tokens, k))
+
+
+def test_fast_path_follows_a_weight_change(tiny):
+    """The token table and packed copies are rebuilt after an in-place change of a weight."""
+    _, ref, head = tiny
+    head = DraftHead(ref, 32)
+    head.load_state_dict(tiny[2].state_dict())
+    feats, tokens = torch.randn(3, 64, dtype=torch.float64), torch.tensor([1, 2, 3])
+    head.propose(feats, tokens, 2)
+    with torch.no_grad():
+        head.fc1.weight.mul_(-3.0)
+    assert torch.equal(head.propose(feats, tokens, 3), _slow_chain(head, feats, tokens, 3))
+
+
+def test_propose_refuses_bad_arguments(pair):
+    target, head = pair
+    H = target.config.hidden_size
+    with pytest.raises(ValueError, match="feats must be"):
+        head.propose(torch.zeros(2, H + 1), torch.zeros(2, dtype=torch.int64), 2)
+    with pytest.raises(ValueError, match="tokens must be"):
+        head.propose(torch.zeros(2, H), torch.zeros(3, dtype=torch.int64), 2)
+    with pytest.raises(ValueError, match="k must be"):
+        head.propose(torch.zeros(2, H), torch.zeros(2, dtype=torch.int64), -1)
+    with pytest.raises(TypeError, match="target must be"):
+        DraftHead(torch.nn.Linear(2, 2), 8)
+
+
+def test_a_head_for_another_model_is_refused(tmp_path, tiny):
+    _, ref, head = tiny
+    head.save_pretrained(str(tmp_path))
+    target, _ = bundled.load_pair()
+    with pytest.raises(ValueError, match="hidden_size 64 and vocabulary 97"):
+        DraftHead.from_pretrained(str(tmp_path), target)
+    again = DraftHead.from_pretrained(str(tmp_path), ref)
+    feats, tokens = torch.randn(2, 64, dtype=torch.float64), torch.tensor([4, 9])
+    assert torch.equal(again.propose(feats, tokens, 3), _slow_chain(again, feats, tokens, 3))
+
+
+# ---------------------------------------------------------------- the engine
+def test_bundled_greedy_equals_target_only_and_the_head_drafts(pair):
+    """Greedy text equals target-only decoding (a ragged batch, one prompt of one token, so
+    its row has no feature until its first step), and the head's drafts take steps off
+    prompt lookup alone: at least 12% fewer target passes over these prompts (0.65 measured)."""
+    target, head = pair
+    tok = bundled.load_tokenizer()
+    batch, mask = _batch(tok, PROMPTS + ["("])
+    plain = SpeculativeEngine(target, None, k=0, adaptive_k=False).generate(batch, 48, attention_mask=mask)
+    ngram = SpeculativeEngine(target, None, k=8, adaptive_k=False).generate(batch, 48, attention_mask=mask)
+    out = SpeculativeEngine(target, None, k=8, adaptive_k=False, drafter="head", draft_head=head).generate(
+        batch, 48, attention_mask=mask)
+    assert out.generated == plain.generated == ngram.generated
+    steps, steps_ngram = sum(s.steps for s in out.stats), sum(s.steps for s in ngram.stats)
+    assert steps <= 0.88 * steps_ngram, (steps, steps_ngram)
+    assert not target.keep_hidden and target.last_hidden is None  # switched off after the run
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_head_reads_the_hidden_state_that_produced_the_newest_token(tiny, temperature):
+    """After the prefill and after every step, each active row's head feature is the target's
+    final hidden state at the position that produced the row's newest token: that of a fresh
+    forward over the row's text minus that token (float64, to 1e-9). Ragged prompts, one of
+    them a single token (no feature until its first step)."""
+    hf, ref, head = tiny
+    ids, mask = ragged_prompts(vocab=V, seed=4)
+    ids[0, :-1], mask[0, :-1] = 0, 0  # row 0: a one-token prompt
+    eng = SpeculativeEngine(LlamaSpecModel(ref), None, k=3, adaptive_k=False, drafter="head", draft_head=head)
+    run = eng._start(ids, 12, temperature, 7, None, mask, dict(top_k=None, top_p=None, min_p=None))
+    sync = engine_module.SyncDebug(False)
+    fresh_model = reference_model(hf).model  # the same weights; its forwards leave the engine's state alone
+    fresh_model.keep_hidden = True
+    checked = 0
+    try:
+        for step in range(6):
+            for b in range(ids.shape[0]):
+                seq = run.prompts[b] + run.generated[b]
+                if not run.active[b] or len(seq) < 2:
+                    assert len(seq) >= 2 or not run.head_ok[b]
+                    continue
+                assert run.head_ok[b]
+                fresh_model(torch.tensor([seq[:-1]]))
+                fresh = fresh_model.last_hidden[0, -1]
+                torch.testing.assert_close(run.head_feats[b], fresh, rtol=1e-9, atol=1e-9)
+                checked += 1
+            eng._step(run, sync)
+    finally:
+        LlamaSpecModel(ref).keep_hidden_states(False)
+    assert checked >= 12
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_tiny_greedy_equals_target_only(tiny, k):
+    hf, ref, head = tiny
+    ids, mask = ragged_prompts(vocab=V, seed=4)
+    plain = SpeculativeEngine(LlamaSpecModel(ref), None, k=0).generate(ids, 20, attention_mask=mask)
+    out = SpeculativeEngine(LlamaSpecModel(ref), None, k=k, adaptive_k=False, drafter="head",
+                            draft_head=head).generate(ids, 20, attention_mask=mask)
+    assert out.generated == plain.generated
+
+
+@pytest.mark.parametrize("mode", ["exact", "block"])
+def test_first_three_tokens_follow_the_target_exactly(tiny, mode):
+    """T = 0.8, top_k = 5, 20k rows of a prompt without a repeated token, so the first step
+    drafts K = 3 from the head: chi-square of the first three tokens (at ALPHA) against the
+    target's filtered law chained in float64."""
+    hf, ref, head = tiny
+    prompt, n = [5, 17, 42], draws(20_000)
+
+    def next_probs(contexts):
+        with torch.no_grad():
+            logits = hf(torch.tensor(contexts)).logits[:, -1].double() / 0.8
+        kth = logits.topk(5, -1).values[:, -1:]
+        return torch.softmax(logits.masked_fill(logits < kth, float("-inf")), -1).numpy()
+
+    law = sequence_law(next_probs, prompt, 3, V)
+    eng = SpeculativeEngine(LlamaSpecModel(ref), None, k=3, adaptive_k=False, drafter="head", draft_head=head,
+                            verify_mode=mode)
+    out = eng.generate(torch.tensor([prompt]).repeat(n, 1), 4, temperature=0.8, top_k=5, seed=3)
+    assert {s.ks[0] for s in out.stats} == {3}, "the first step drafted 3 head tokens in every row"
+    acc = sum(s.accepted for s in out.stats) / max(1, sum(s.drafted for s in out.stats))
+    assert 0.0 < acc < 1.0
+    assert chi_square_pvalue(sequence_counts(out.generated, 3, V), law) > ALPHA
+
+
+def test_engine_refuses_bad_head_arguments(pair, tiny):
+    target, head = pair
+    _, ref, tiny_head = tiny
+    with pytest.raises(ValueError, match="needs draft_head"):
+        SpeculativeEngine(target, None, drafter="head")
+    with pytest.raises(ValueError, match="takes no draft model"):
+        SpeculativeEngine(target, bundled.load_pair()[1], drafter="head", draft_head=head)
+    with pytest.raises(ValueError, match="draft_head= drafts for drafter='head'"):
+        SpeculativeEngine(target, None, draft_head=head)
+    with pytest.raises(TypeError, match="draft_head must be"):
+        SpeculativeEngine(target, None, drafter="head", draft_head=object())
+    with pytest.raises(ValueError, match="another model"):
+        SpeculativeEngine(target, None, drafter="head", draft_head=tiny_head)
+    hf_target = bundled.load_pair(implementation="hf", check=False)[0]
+    with pytest.raises(ValueError, match="does not expose"):
+        SpeculativeEngine(hf_target, None, drafter="head", draft_head=head)
+
+
+def test_hidden_states_are_released_after_a_failed_run(pair):
+    target, head = pair
+    eng = SpeculativeEngine(target, None, k=3, drafter="head", draft_head=head)
+    with pytest.raises(ValueError):
+        eng.generate(torch.tensor([[1, 2, 99999]]), 4)
+    assert not target.keep_hidden
+    eng.generate(torch.tensor([[1, 2, 3]]), 4)
+    assert not target.keep_hidden and target.last_hidden is None
+
+
+def test_head_drafts_per_row_without_a_match(pair):
+    """Rows with a prompt-lookup match draft from the text, the others from the head
+    (source 'head'), in one step."""
+    target, head = pair
+    eng = SpeculativeEngine(target, None, k=4, adaptive_k=False, drafter="head", draft_head=head)
+    ids = torch.tensor([[7, 8, 9, 7], [10, 11, 12, 13]])  # row 0: "7" occurred before
+    run = eng._start(ids, 8, 0.0, 0, None, None, dict(top_k=None, top_p=None, min_p=None))
+    props, sources = eng._propose(run)
+    target.keep_hidden = False
+    assert props[0][:3] == [8, 9, 7] and sources[0].startswith("ngram")
+    assert len(props[1]) == min(4, engine_module.HEAD_DRAFTS) and sources[1] == engine_module.HEAD_SOURCE
