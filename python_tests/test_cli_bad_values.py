@@ -34,6 +34,7 @@ BAD = {
         "--adaptive": ["--adaptive", "fast"],
         "--fixed-k": ["--fixed-k", "--adaptive", "threshold"],
         "--drafter": ["--drafter", "oracle"],
+        "--draft-head": ["--draft-head", "/nonexistent-specdec-dir"],
         "--tree": ["--tree", "0"],
         "--tree-mode": ["--tree-mode", "all"],
         "--suffix-tree": ["--suffix-tree"],
@@ -205,6 +206,7 @@ def test_speculation_that_does_not_fit_is_refused_with_the_largest_that_fits(cap
 @pytest.mark.parametrize("argv, k", [
     ([], 16), (["--drafter", "suffix"], 16), (["--drafter", "suffix", "--suffix-tree"], 5),
     (["--drafter", "model"], 5), (["--drafter", "hybrid"], 16), (["--tree", "2", "2"], 5), (["--k", "3"], 3),
+    (["--drafter", "head"], 16),
 ])
 def test_default_k_is_16_for_drafts_from_the_text_and_5_with_a_draft_model(nothing_runs, argv, k):
     from specdec_ext import generate
@@ -213,6 +215,37 @@ def test_default_k_is_16_for_drafts_from_the_text_and_5_with_a_draft_model(nothi
     args = ap.parse_args(["--prompt-ids", "5", "6"] + argv)
     generate.check_args(ap, args)
     assert args.k == k
+
+
+@pytest.mark.parametrize("argv, drafter", [
+    ([], "head"), (["--hf"], "ngram"), (["--compile"], "ngram"), (["--datastore", "README.md"], "ngram"),
+    (["--target", "BUNDLED"], "ngram"), (["--target", "BUNDLED", "--draft-head", "HEAD"], "head"),
+])
+def test_default_drafter_is_the_head_where_one_runs(nothing_runs, argv, drafter):
+    """The bundled pair's head on the reference model's eager steps; n-gram where it cannot
+    run (--hf, --compile), next to --datastore, and for a --target without --draft-head."""
+    from specdec_ext import bundled, generate
+
+    argv = [{"BUNDLED": bundled.pair_dir("target"), "HEAD": bundled.pair_dir("head")}.get(a, a) for a in argv]
+    ap = generate.build_parser()
+    args = ap.parse_args(["--prompt-ids", "5", "6"] + argv)
+    generate.check_args(ap, args)
+    assert args.drafter == drafter
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--drafter", "head", "--hf"], "--drafter head reads the target's hidden states"),
+    (["--drafter", "head", "--compile"], "--drafter head runs the target's steps eager"),
+    (["--drafter", "ngram", "--draft-head", "HEAD"], "--draft-head drafts for --drafter head, not --drafter ngram"),
+    (["--drafter", "head", "--target", "BUNDLED"], "--drafter head with --target DIR needs --draft-head DIR"),
+    (["--draft-head", "BUNDLED"], "is for hidden_size"),
+])
+def test_head_arguments_are_refused_in_one_line(capsys, argv, msg):
+    from specdec_ext import bundled
+
+    argv = [{"BUNDLED": bundled.pair_dir("draft"), "HEAD": bundled.pair_dir("head")}.get(a, a) for a in argv]
+    rc, err = _run(capsys, "generate", ["--prompt-ids", "5", "6", "--max-new-tokens", "2", "--no-baseline"] + argv)
+    assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_default_k_shrinks_to_fit_a_long_prompt_but_a_given_k_is_refused(capsys, nothing_runs):

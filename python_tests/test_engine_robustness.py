@@ -179,12 +179,12 @@ def test_cli_zero_new_tokens_is_refused():
 
 
 def test_cli_stops_at_end_of_text():
-    """The bundled pair's <|endoftext|> ends generation by default (here at T = 1 after a
-    blank-line-heavy prompt, seed fixed); --ignore-eos runs to max_new_tokens (200; 40 in
-    the quick tier, where seed 2 still stops at the 19th token)."""
+    """The bundled pair's <|endoftext|> ends generation by default (here at T = 1 after the
+    usual last lines of a module, where the target ends the file at once in most draws; 4
+    seeds), and --ignore-eos runs to max_new_tokens (200; 40 in the quick tier)."""
     budget = draws(200, quick=40)
-    args = ["--prompt", "pass\n\n\n", "--temperature", "1", "--max-new-tokens", str(budget), "--no-baseline",
-            "--no-progress"]
+    args = ["--prompt", 'if __name__ == "__main__":\n    main()\n', "--temperature", "1", "--max-new-tokens",
+            str(budget), "--no-baseline", "--no-progress"]
     counts = []
     for seed in range(4):
         rc, out, err = _cli(*args, "--seed", str(seed))
@@ -195,7 +195,7 @@ def test_cli_stops_at_end_of_text():
     assert f" {budget} tokens" in out
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram", "hybrid"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "hybrid", "head"])
 def test_cli_drafters_run(drafter):
     rc, out, err = _cli("--prompt", "def f(x):", "--max-new-tokens", "12", "--no-progress", "--drafter", drafter)
     assert rc == 0, err

@@ -13,7 +13,9 @@ summary line: acceptance rate, tokens per step, tokens/s and the speedup over
 target-only decoding of the same prompt: after a warm-up, --rounds speculative and
 target-only runs are timed interleaved and the median speedup is printed with its
 min-max (skip the target-only runs with --no-baseline: one timed run). With --drafter
-ngram (the default) or suffix no draft model is used, so --target DIR alone is enough.
+head (the default with the bundled pair: prompt-lookup drafts where the text has a match, the
+target's draft head elsewhere; --draft-head DIR gives one for --target DIR), ngram (the default
+with --target DIR) or suffix no draft model is used.
 --prompt-file FILE runs its prompts (one per line, or JSON lines {"prompt": ...}) one after
 another in ONE engine, so --drafter suffix drafts from the earlier prompts' outputs too;
 the summary then covers the whole run (each round a fresh engine over every prompt).
@@ -138,12 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "batch-wide plan of every row's K, engine/budget.py); not with --fixed-k")
     ap.add_argument("--fixed-k", action="store_true", help="always draft exactly --k tokens (no adaptation)")
     ap.add_argument("--drafter", choices=["model", "ngram", "hybrid", "suffix", "head"], default=None,
-                    help="where drafts come from: the draft model, prompt lookup (n-gram) in the prompt and "
-                         "output (default with --target DIR; with --tree: model), n-gram "
-                         "where a match exists and the model elsewhere, suffix (a suffix index of the prompt and "
-                         "output and of the engine's earlier outputs, e.g. the earlier prompts of --prompt-file), "
-                         "or head: n-gram where a match exists and the target's draft head elsewhere (default with "
-                         "the bundled pair: measured fastest there)")
+                    help="where drafts come from: head (n-gram where a match exists, the target's draft head "
+                         "elsewhere; the default with the bundled pair, measured fastest there), the draft model, "
+                         "prompt lookup (n-gram) in the prompt and output (default with --target DIR; with --tree: "
+                         "model), hybrid (n-gram where a match exists and the model elsewhere), or suffix (a suffix "
+                         "index of the prompt and output and of the engine's earlier outputs, e.g. the earlier "
+                         "prompts of a prompt file)")
     ap.add_argument("--draft-head", metavar="DIR", default=None,
                     help="--drafter head: the head's directory (DraftHead.save_pretrained; default: the bundled "
                          "target's head, so needed with --target DIR)")

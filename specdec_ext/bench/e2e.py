@@ -14,8 +14,9 @@ medians, each ratio taken against the baseline of the same round:
   two rules; ``--no-block`` skips them); after each block a
   line per such row compares tokens per target pass and tokens/s with its token-wise row
   (:func:`block_summary`)
-* the engine with prompt-lookup (n-gram) drafting and with the hybrid drafter (n-gram
-  where a match exists, the draft model elsewhere), adaptive K
+* the engine with prompt-lookup (n-gram) drafting, with the hybrid drafter (n-gram
+  where a match exists, the draft model elsewhere) and with the head drafter (``engine
+  head``: n-gram where a match exists, the bundled target's draft head elsewhere), adaptive K
 * the engine with suffix drafting (``engine suffix``: per-request and global suffix indexes,
   the global one carried across the row's prompts, which run one after another in one
   engine; ``engine suffix tree``: its trees through verify_tree), adaptive K; after each
@@ -105,12 +106,13 @@ def _sync(device):
 
 
 def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0, drafter="auto", tree=None,
-               tree_mode="sampled", suffix=None, verify_mode="exact", datastore=None):
+               tree_mode="sampled", suffix=None, verify_mode="exact", datastore=None, draft_head=None):
     """groups: list of (ids, mask). Returns aggregate stats over all of them (``tree``: tree
     speculation with that branching; tokens_per_step is then tokens per target pass too;
-    ``verify_mode``: "exact" (token-wise) or "block"; ``datastore``: retrieval drafting next to n-gram)."""
+    ``verify_mode``: "exact" (token-wise) or "block"; ``datastore``: retrieval drafting next to n-gram;
+    ``draft_head``: the head of drafter "head")."""
     eng = SpeculativeEngine(target, draft, k=k, adaptive_k=adaptive, drafter=drafter, tree=tree, tree_mode=tree_mode,
-                            suffix=suffix, verify_mode=verify_mode, datastore=datastore)
+                            suffix=suffix, verify_mode=verify_mode, datastore=datastore, draft_head=draft_head)
     tokens = steps = accepted = rejections = 0
     draft_s = draft_steps = target_s = other_s = step_s = 0.0
     elapsed = 0.0
@@ -266,6 +268,8 @@ def configs(target, draft, compiled, hf_target, hf_draft, hf_compiled, B, T, gro
                   if args.datastore_built is not None else []),
                 Config("engine hybrid", f"<={kmax}", _engine(target, draft, kmax, "cost", T, groups, n,
                                                              drafter="hybrid")),
+                Config("engine head", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n,
+                                                           drafter="head", draft_head=bundled.load_head(target))),
                 Config("engine suffix", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n,
                                                              drafter="suffix")),
                 Config("engine suffix tree", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n,
@@ -413,7 +417,8 @@ def suffix_summary(block_rows) -> List[str]:
     ngram = [r for r in block_rows if r["method"] == "engine ngram"]
     lines = []
     for r in block_rows:
-        if r["method"] not in ("engine ngram", "engine suffix", "engine suffix tree") or r.get("draft_share") is None:
+        if (r["method"] not in ("engine ngram", "engine head", "engine suffix", "engine suffix tree")
+                or r.get("draft_share") is None):
             continue
         line = (f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']}: proposal "
                 f"{100 * r['draft_share']:.1f}% of the step time")
