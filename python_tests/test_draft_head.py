@@ -242,3 +242,16 @@ def test_head_drafts_per_row_without_a_match(pair):
     target.keep_hidden = False
     assert props[0][:3] == [8, 9, 7] and sources[0].startswith("ngram")
     assert len(props[1]) == min(4, engine_module.HEAD_DRAFTS) and sources[1] == engine_module.HEAD_SOURCE
+
+
+def test_coupled_mode_gives_target_only_sampling_with_head_drafts(pair):
+    """verify_mode='coupled': the text at T = 1 equals target-only sampling with the same seed,
+    token for token, with the head drafting (and in fewer target passes)."""
+    target, head = pair
+    tok = bundled.load_tokenizer()
+    ids = torch.tensor([tok.encode(PROMPTS[1]).ids])
+    ref = SpeculativeEngine(target, None, k=0, verify_mode="coupled").generate(ids, 40, temperature=1.0, seed=5)
+    out = SpeculativeEngine(target, None, k=8, drafter="head", draft_head=head, verify_mode="coupled").generate(
+        ids, 40, temperature=1.0, seed=5)
+    assert out.generated == ref.generated
+    assert out.steps < ref.steps
