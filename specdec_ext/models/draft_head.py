@@ -76,11 +76,10 @@ class DraftHead(nn.Module):
     def logits(self, feats: torch.Tensor) -> torch.Tensor:
         """feats [B, H] -> logits [B, V] through the target's final norm and lm_head."""
         from .cpu_linear import layer_linear
+        from .llama import _rms_norm
 
         norm = self.target.model.norm
-        # written out: on a CPU F.rms_norm runs as several kernels (~50 us for one row), these ~15 us
-        scaled = feats * torch.rsqrt(feats.pow(2).mean(-1, keepdim=True) + norm.eps)
-        return layer_linear(scaled * norm.weight, self.target.lm_head)
+        return layer_linear(_rms_norm(feats, norm.weight, norm.eps), self.target.lm_head)
 
     def set_draft_vocab(self, token_ids: Optional[torch.Tensor]) -> None:
         """Draft only these tokens (Tensor [Vd] of distinct ids in [0, V), e.g. the corpus's most
@@ -145,11 +144,12 @@ class DraftHead(nn.Module):
         copy or None, the draft vocabulary's lm_head rows times the final norm's weight
         [Vd, H], its packed copy or None), rebuilt when a weight they derive from changes
         (version or storage) or the draft vocabulary does."""
-        from ..ops.linear import PANEL, pack_linear_weight
+        from ..ops.linear import pack_linear_weight
+        from .cpu_linear import _packable, _version
 
         norm = self.target.model.norm.weight
         emb, head, w1, w2 = self.target.model.embed_tokens.weight, self.target.lm_head.weight, self.fc1.weight, self.fc2.weight
-        key = tuple((t.data_ptr(), -1 if t.is_inference() else t._version)
+        key = tuple((t.data_ptr(), _version(t))
                     for t in (emb, head, norm, w1, self.fc1.bias, w2)) + (id(self.draft_vocab),)
         if getattr(self, "_prep_key", None) != key:
             H = self.hidden_size
@@ -159,8 +159,7 @@ class DraftHead(nn.Module):
             w_out = (rows * norm).contiguous()  # [Vd, H]
 
             def pack(w):
-                ok = w.dtype == torch.float32 and w.device.type == "cpu" and w.shape[0] % PANEL == 0
-                return pack_linear_weight(w) if ok else None
+                return pack_linear_weight(w) if _packable(w) else None
             self._prep = (table, w_feat, pack(w_feat), pack(w2.detach()), w_out, pack(w_out))
             self._prep_key = key
         return self._prep
