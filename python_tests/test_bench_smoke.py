@@ -114,9 +114,8 @@ def test_bench_e2e_smoke(tmp_path, capsys):
     rows = json.load(open(path))["rows"]
     methods = {r["method"] for r in rows}
     assert {"target-only", "engine", "engine adaptive", "engine budget", "engine ngram", "engine hybrid", "engine head",
-            "engine suffix",
-            "engine suffix tree", "HF generate", "HF assisted", "HF prompt lookup", "engine block",
-            "engine adaptive block"} <= methods
+            "engine head chain", "engine suffix", "engine suffix tree", "HF generate", "HF assisted",
+            "HF prompt lookup", "engine block", "engine adaptive block"} <= methods
     engine = [r for r in rows if r["method"] == "engine"][0]
     block = [r for r in rows if r["method"] == "engine block"][0]
     assert block["tokens_per_step_se"] >= 0 and engine["tokens_per_step_se"] >= 0
@@ -129,7 +128,7 @@ def test_bench_e2e_smoke(tmp_path, capsys):
     tree = [line for line in out if " vs chain K=3: " in line]  # the default --tree 4 2 2 against K = 3
     assert len(tree) == 2 and all("(tree/chain x" in line and "tokens/s tree/chain x" in line for line in tree)
     suffix = [line for line in out if line.startswith("cpu ") and ": proposal " in line]
-    assert len(suffix) == 4 and all("% of the step time" in line for line in suffix)
+    assert len(suffix) == 5 and all("% of the step time" in line for line in suffix)
     assert all("tokens per target pass" in line for line in suffix if "suffix" in line)
     blocks = [line for line in out if " vs token-wise: " in line]
     assert len(blocks) == 2 and all("(block/token x" in line for line in blocks)

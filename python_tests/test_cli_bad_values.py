@@ -35,6 +35,7 @@ BAD = {
         "--fixed-k": ["--fixed-k", "--adaptive", "threshold"],
         "--drafter": ["--drafter", "oracle"],
         "--draft-head": ["--draft-head", "/nonexistent-specdec-dir"],
+        "--head-branches": ["--head-branches", "0"],
         "--tree": ["--tree", "0"],
         "--tree-mode": ["--tree-mode", "all"],
         "--suffix-tree": ["--suffix-tree"],
@@ -239,6 +240,9 @@ def test_default_drafter_is_the_head_where_one_runs(nothing_runs, argv, drafter)
     (["--drafter", "ngram", "--draft-head", "HEAD"], "--draft-head drafts for --drafter head, not --drafter ngram"),
     (["--drafter", "head", "--target", "BUNDLED"], "--drafter head with --target DIR needs --draft-head DIR"),
     (["--draft-head", "BUNDLED"], "is for hidden_size"),
+    (["--drafter", "ngram", "--head-branches", "2"], "--head-branches shapes --drafter head's drafts; the drafter here is ngram"),
+    (["--hf", "--head-branches", "2"], "--head-branches shapes --drafter head's drafts; the drafter here is ngram"),
+    (["--coupled", "--head-branches", "2"], "--head-branches: coupled mode drafts chains"),
 ])
 def test_head_arguments_are_refused_in_one_line(capsys, argv, msg):
     from specdec_ext import bundled

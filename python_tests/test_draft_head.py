@@ -10,6 +10,7 @@ from helpers import draws, ragged_prompts, reference_model, tiny_llama
 from specdec_ext import SpeculativeEngine, bundled
 from specdec_ext.engine import engine as engine_module
 from specdec_ext.models import DraftHead, LlamaModel, LlamaSpecModel
+from specdec_ext.models.base import SpecModel
 from stats_reference import ALPHA, chi_square_pvalue, sequence_counts, sequence_law
 
 transformers = pytest.importorskip("transformers")
@@ -82,6 +83,47 @@ def test_fast_path_equals_the_trained_recurrence(pair, k):
         assert torch.equal(out, _slow_chain(head, feats, tokens, k))
 
 
+def _slow_branches(head, feats, tokens, k, branches):
+    """:meth:`DraftHead.propose_branches` by the trained recurrence: branch j starts with the
+    (j+1)-th best first draft over the draft vocabulary, then greedy."""
+    vocab = head.draft_vocab
+    with torch.no_grad():
+        f = head.step(feats, tokens)
+        logits = head.logits(f)
+        firsts = logits.topk(branches, -1).indices if vocab is None else vocab[logits[:, vocab].topk(branches, -1).indices]
+    out = []
+    for j in range(branches):
+        rest = _slow_chain(head, f, firsts[:, j], k - 1) if k > 1 else firsts[:, :0]
+        out.append(torch.cat([firsts[:, j:j + 1], rest], 1))
+    return torch.stack(out, 1)
+
+
+@pytest.mark.parametrize("k, branches", [(1, 2), (3, 2), (4, 3)])
+def test_branches_equal_the_trained_recurrence(pair, k, branches):
+    """Branch j starts with the head's (j+1)-th most likely first draft and goes on greedily;
+    branch 0 is propose's chain; the first tokens are distinct."""
+    target, head = pair
+    torch.manual_seed(1)
+    feats = target.model.norm.weight * torch.randn(4, target.config.hidden_size)
+    tokens = torch.randint(0, target.vocab_size, (4,))
+    out = head.propose_branches(feats, tokens, k, branches)
+    assert out.shape == (4, branches, k) and out.dtype == torch.int64
+    assert torch.equal(out, _slow_branches(head, feats, tokens, k, branches))
+    assert torch.equal(out[:, 0], head.propose(feats, tokens, k))
+    assert all(len(set(row)) == branches for row in out[:, :, 0].tolist())
+
+
+def test_branches_refuse_bad_arguments(pair):
+    target, head = pair
+    feats, tokens = torch.zeros(2, target.config.hidden_size), torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"branches must be in \[1, 1024\]"):
+        head.propose_branches(feats, tokens, 2, 0)
+    with pytest.raises(ValueError, match=r"branches must be in \[1, 1024\]"):
+        head.propose_branches(feats, tokens, 2, 1025)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        head.propose_branches(feats, tokens, 0, 2)
+
+
 def test_fast_path_follows_a_weight_change(tiny):
     """The token table and packed copies are rebuilt after an in-place change of a weight."""
     _, ref, head = tiny
@@ -128,16 +170,71 @@ def test_bundled_greedy_equals_target_only_and_the_head_drafts(pair):
     batch, mask = _batch(tok, PROMPTS + ["("])
     plain = SpeculativeEngine(target, None, k=0, adaptive_k=False).generate(batch, 48, attention_mask=mask)
     ngram = SpeculativeEngine(target, None, k=8, adaptive_k=False).generate(batch, 48, attention_mask=mask)
-    out = SpeculativeEngine(target, None, k=8, adaptive_k=False, drafter="head", draft_head=head).generate(
-        batch, 48, attention_mask=mask)
+    out = SpeculativeEngine(target, None, k=8, adaptive_k=False, drafter="head", draft_head=head,
+                            head_branches=1).generate(batch, 48, attention_mask=mask)
     assert out.generated == plain.generated == ngram.generated
     steps, steps_ngram = sum(s.steps for s in out.stats), sum(s.steps for s in ngram.stats)
     assert steps <= 0.88 * steps_ngram, (steps, steps_ngram)
     assert not target.keep_hidden and target.last_hidden is None  # switched off after the run
 
 
+def test_head_trees_take_fewer_passes_than_head_chains(pair):
+    """Greedy, one prompt at a time: the same text as target-only decoding, and two branches
+    at the head's first draft take at least 5% fewer target passes than its chain over these
+    prompts (79 -> 73 measured)."""
+    target, head = pair
+    tok = bundled.load_tokenizer()
+    steps = {}
+    for branches in (1, 2):
+        steps[branches] = 0
+        for prompt in ["def fibonacci(n):", PROMPTS[1], "("]:
+            ids = torch.tensor([tok.encode(prompt).ids])
+            plain = SpeculativeEngine(target, None, k=0).generate(ids, 64)
+            out = SpeculativeEngine(target, None, k=16, drafter="head", draft_head=head,
+                                    head_branches=branches).generate(ids, 64)
+            assert out.generated == plain.generated, (branches, prompt)
+            steps[branches] += out.steps
+    assert steps[2] <= 0.95 * steps[1], steps
+
+
+def test_tree_steps_keep_the_emitted_path_and_its_feature(pair):
+    """Head trees on the bundled pair (greedy, ragged batch, one row with a one-token prompt):
+    after every step each row's cache holds exactly its text minus the newest token, and its
+    head feature is the final hidden state of a fresh forward over that text (float32, to
+    1e-4); some steps accept a path off the first branch (the cache entries move)."""
+    target, head = pair
+    tok = bundled.load_tokenizer()
+    batch, mask = _batch(tok, PROMPTS + ["("])
+    eng = SpeculativeEngine(target, None, k=8, adaptive_k=False, drafter="head", draft_head=head, head_branches=2)
+    moved = []
+    compact = eng.target.compact
+    eng.target.compact = lambda *a: (moved.append(1), compact(*a))[1]
+    run = eng._start(batch, 40, 0.0, 0, None, mask, dict(top_k=None, top_p=None, min_p=None))
+    sync = engine_module.SyncDebug(False)
+    fresh, _ = bundled.load_pair()
+    fresh.keep_hidden = True
+    checked = 0
+    try:
+        while any(run.active):
+            eng._step(run, sync)
+            lengths = eng.target.lengths.tolist()
+            for b in range(batch.shape[0]):
+                seq = run.prompts[b] + run.generated[b]
+                if not run.active[b]:
+                    continue
+                assert lengths[b] == len(seq) - 1
+                fresh(torch.tensor([seq[:-1]]))
+                torch.testing.assert_close(run.head_feats[b], fresh.last_hidden[0, -1], rtol=1e-4, atol=1e-4)
+                checked += 1
+    finally:
+        target.keep_hidden = False
+        target.last_hidden = None
+    assert checked >= 30 and moved, (checked, len(moved))
+
+
+@pytest.mark.parametrize("branches", [1, 2])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_the_head_reads_the_hidden_state_that_produced_the_newest_token(tiny, temperature):
+def test_the_head_reads_the_hidden_state_that_produced_the_newest_token(tiny, temperature, branches):
     """After the prefill and after every step, each active row's head feature is the target's
     final hidden state at the position that produced the row's newest token: that of a fresh
     forward over the row's text minus that token (float64, to 1e-9). Ragged prompts, one of
@@ -145,7 +242,8 @@ def test_the_head_reads_the_hidden_state_that_produced_the_newest_token(tiny, te
     hf, ref, head = tiny
     ids, mask = ragged_prompts(vocab=V, seed=4)
     ids[0, :-1], mask[0, :-1] = 0, 0  # row 0: a one-token prompt
-    eng = SpeculativeEngine(LlamaSpecModel(ref), None, k=3, adaptive_k=False, drafter="head", draft_head=head)
+    eng = SpeculativeEngine(LlamaSpecModel(ref), None, k=3, adaptive_k=False, drafter="head", draft_head=head,
+                            head_branches=branches)
     run = eng._start(ids, 12, temperature, 7, None, mask, dict(top_k=None, top_p=None, min_p=None))
     sync = engine_module.SyncDebug(False)
     fresh_model = reference_model(hf).model  # the same weights; its forwards leave the engine's state alone
@@ -169,21 +267,22 @@ def test_the_head_reads_the_hidden_state_that_produced_the_newest_token(tiny, te
     assert checked >= 12
 
 
-@pytest.mark.parametrize("k", [1, 3])
-def test_tiny_greedy_equals_target_only(tiny, k):
+@pytest.mark.parametrize("k, branches", [(1, 1), (3, 1), (1, 2), (3, 2), (3, 3)])
+def test_tiny_greedy_equals_target_only(tiny, k, branches):
     hf, ref, head = tiny
     ids, mask = ragged_prompts(vocab=V, seed=4)
     plain = SpeculativeEngine(LlamaSpecModel(ref), None, k=0).generate(ids, 20, attention_mask=mask)
     out = SpeculativeEngine(LlamaSpecModel(ref), None, k=k, adaptive_k=False, drafter="head",
-                            draft_head=head).generate(ids, 20, attention_mask=mask)
+                            draft_head=head, head_branches=branches).generate(ids, 20, attention_mask=mask)
     assert out.generated == plain.generated
 
 
-@pytest.mark.parametrize("mode", ["exact", "block"])
-def test_first_three_tokens_follow_the_target_exactly(tiny, mode):
+@pytest.mark.parametrize("mode, branches", [("exact", 1), ("block", 1), ("exact", 2), ("block", 3)])
+def test_first_three_tokens_follow_the_target_exactly(tiny, mode, branches):
     """T = 0.8, top_k = 5, 20k rows of a prompt without a repeated token, so the first step
-    drafts K = 3 from the head: chi-square of the first three tokens (at ALPHA) against the
-    target's filtered law chained in float64."""
+    drafts K = 3 from the head (a chain, or a tree of ``branches`` branches through
+    verify_tree): chi-square of the first three tokens (at ALPHA) against the target's
+    filtered law chained in float64."""
     hf, ref, head = tiny
     prompt, n = [5, 17, 42], draws(20_000)
 
@@ -195,7 +294,7 @@ def test_first_three_tokens_follow_the_target_exactly(tiny, mode):
 
     law = sequence_law(next_probs, prompt, 3, V)
     eng = SpeculativeEngine(LlamaSpecModel(ref), None, k=3, adaptive_k=False, drafter="head", draft_head=head,
-                            verify_mode=mode)
+                            verify_mode=mode, head_branches=branches)
     out = eng.generate(torch.tensor([prompt]).repeat(n, 1), 4, temperature=0.8, top_k=5, seed=3)
     assert {s.ks[0] for s in out.stats} == {3}, "the first step drafted 3 head tokens in every row"
     acc = sum(s.accepted for s in out.stats) / max(1, sum(s.drafted for s in out.stats))
@@ -219,6 +318,15 @@ def test_engine_refuses_bad_head_arguments(pair, tiny):
     hf_target = bundled.load_pair(implementation="hf", check=False)[0]
     with pytest.raises(ValueError, match="does not expose"):
         SpeculativeEngine(hf_target, None, drafter="head", draft_head=head)
+    with pytest.raises(ValueError, match="head_branches must be"):
+        SpeculativeEngine(target, None, drafter="head", draft_head=head, head_branches=0)
+
+    class NoTrees(LlamaSpecModel):
+        forward_tree = SpecModel.forward_tree
+
+    with pytest.raises(ValueError, match="head_branches=2 drafts trees, which NoTrees cannot score"):
+        SpeculativeEngine(NoTrees(target), None, drafter="head", draft_head=head)
+    assert SpeculativeEngine(NoTrees(target), None, drafter="head", draft_head=head, head_branches=1).head is head
 
 
 def test_hidden_states_are_released_after_a_failed_run(pair):

@@ -3,6 +3,8 @@ construction from parents, chain-shaped trees against spec_attention_mask, SDPA 
 tree equal to SDPA over each branch as a sequence, and the argument errors."""
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch.nn.functional as F
 
 from helpers import DEVICES
@@ -117,6 +119,36 @@ def test_tree_nodes_step_inputs_slice_the_whole_tree():
     assert torch.equal(pos, full_pos[:, 3:]) and torch.equal(mask, full[:, :, 3:])
     with pytest.raises(ValueError, match="parents covers 7 nodes"):
         TreeNodes(parents, start=3).step_inputs(lengths, 5, 20, torch.float32)
+
+
+@given(data=st.data())
+@settings(max_examples=200, deadline=None)
+def test_one_row_inputs_equal_step_inputs(data):
+    """The one-row fast path (kept per tree shape) gives step_inputs' positions and mask bit
+    for bit, for any valid tree prefix, past length and dtype, twice in a row (the kept entry)."""
+    N = data.draw(st.integers(1, 12))
+    parents = [-1] + [data.draw(st.integers(0, n - 1)) for n in range(1, N)]
+    S = data.draw(st.integers(1, N))
+    past = data.draw(st.integers(0, 40))
+    dtype = data.draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64]))
+    tree = TreeNodes(torch.tensor([parents] if data.draw(st.booleans()) else parents))
+    ref = tree.step_inputs(torch.tensor([past]), S, past + S, dtype)
+    for _ in range(2):
+        pos, mask = tree.one_row_inputs(past, S, dtype, torch.device("cpu"))
+        assert pos.dtype == ref[0].dtype and torch.equal(pos, ref[0])
+        assert mask.dtype == dtype and mask.shape == ref[1].shape and torch.equal(mask, ref[1])
+
+
+def test_one_row_inputs_decline_what_they_do_not_cover():
+    """None (the caller takes step_inputs) for several rows, a level fed on its own, and a
+    broken tree (step_inputs then names the bad entry)."""
+    cpu = torch.device("cpu")
+    assert TreeNodes(torch.tensor([[-1, 0], [-1, 0]])).one_row_inputs(3, 2, torch.float32, cpu) is None
+    assert TreeNodes(torch.tensor([-1, 0, 0]), start=1).one_row_inputs(3, 2, torch.float32, cpu) is None
+    bad = TreeNodes(torch.tensor([-1, 2, 0]))
+    assert bad.one_row_inputs(3, 3, torch.float32, cpu) is None
+    with pytest.raises(ValueError, match=r"parents\[1\] = 2"):
+        bad.step_inputs(torch.tensor([3]), 3, 6, torch.float32)
 
 
 def test_compiles():

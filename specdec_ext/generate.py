@@ -48,6 +48,7 @@ from ._cli import OneLineParser, int_in, temperature
 from ._validate import check_filter
 from .bench.timing import busy_reason, machine_load
 from .engine import Datastore, SpecDecMetrics, SpeculativeEngine, SuffixConfig
+from .engine.engine import HEAD_BRANCHES
 from .errors import CacheFullError, OutOfBlocksError
 
 PROG = "python -m specdec_ext.generate"
@@ -149,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-head", metavar="DIR", default=None,
                     help="--drafter head: the head's directory (DraftHead.save_pretrained; default: the bundled "
                          "target's head, so needed with --target DIR)")
+    ap.add_argument("--head-branches", type=int_in(1), default=None, metavar="N",
+                    help="--drafter head: where the head drafts, branch at its first draft into its N most "
+                         "likely tokens, each followed greedily, scored as one tree (default "
+                         f"{HEAD_BRANCHES}; 1: a chain)")
     ap.add_argument("--suffix-tree", action="store_true",
                     help="--drafter suffix proposes trees (scored in one target pass, verified by verify_tree) "
                          "instead of chains")
@@ -240,6 +245,10 @@ def _check_drafter(ap: argparse.ArgumentParser, args) -> None:
     head_ok = not (args.hf or args.compile or args.datastore is not None)
     default = "head" if (args.target is None or args.draft_head is not None) and head_ok else "ngram"
     args.drafter = "model" if args.tree is not None else args.drafter or default
+    if args.head_branches is not None and args.drafter != "head":
+        ap.error(f"--head-branches shapes --drafter head's drafts; the drafter here is {args.drafter}")
+    if args.head_branches is not None and args.head_branches > 1 and args.coupled:
+        ap.error("--head-branches: coupled mode drafts chains (each token keyed by its position): drop one")
     if args.drafter == "head":
         if args.target is not None and args.draft_head is None:
             ap.error("--drafter head with --target DIR needs --draft-head DIR (the bundled head reads the bundled "
@@ -682,7 +691,8 @@ def _engine(args, target, draft, metrics):
                              adaptive_k=False if args.fixed_k else (args.adaptive or "cost"), metrics=metrics,
                              drafter="auto" if args.drafter == "ngram" else args.drafter, max_ngram=args.max_ngram,
                              verify_mode=_mode(args), tree=args.tree, tree_mode=args.tree_mode, suffix=suffix,
-                             datastore=load_datastore(args), draft_head=_draft_head(args, target))
+                             datastore=load_datastore(args), draft_head=_draft_head(args, target),
+                             head_branches=args.head_branches or HEAD_BRANCHES)
 
 
 def _draft_head(args, target):

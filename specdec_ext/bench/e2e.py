@@ -16,7 +16,8 @@ medians, each ratio taken against the baseline of the same round:
   (:func:`block_summary`)
 * the engine with prompt-lookup (n-gram) drafting, with the hybrid drafter (n-gram
   where a match exists, the draft model elsewhere) and with the head drafter (``engine
-  head``: n-gram where a match exists, the bundled target's draft head elsewhere), adaptive K
+  head``: n-gram where a match exists, the bundled target's draft head elsewhere, its drafts
+  branching at the first token into a small tree; ``engine head chain``: its chain), adaptive K
 * the engine with suffix drafting (``engine suffix``: per-request and global suffix indexes,
   the global one carried across the row's prompts, which run one after another in one
   engine; ``engine suffix tree``: its trees through verify_tree), adaptive K; after each
@@ -73,6 +74,7 @@ from .. import bundled
 from .._cli import OneLineParser, int_in, output_path, temperature
 from ..engine.adaptive_k import predicted_speedup
 from ..engine import SpeculativeEngine, SuffixConfig
+from ..engine.engine import HEAD_BRANCHES
 from .report import measuring, print_table, progress_bar
 from .timing import busiest, machine_load, warn_if_busy, write_rows_json
 
@@ -106,13 +108,15 @@ def _sync(device):
 
 
 def run_engine(target, draft, k, adaptive, temperature, groups, max_new, seed=0, drafter="auto", tree=None,
-               tree_mode="sampled", suffix=None, verify_mode="exact", datastore=None, draft_head=None):
+               tree_mode="sampled", suffix=None, verify_mode="exact", datastore=None, draft_head=None,
+               head_branches=HEAD_BRANCHES):
     """groups: list of (ids, mask). Returns aggregate stats over all of them (``tree``: tree
     speculation with that branching; tokens_per_step is then tokens per target pass too;
     ``verify_mode``: "exact" (token-wise) or "block"; ``datastore``: retrieval drafting next to n-gram;
-    ``draft_head``: the head of drafter "head")."""
+    ``draft_head``, ``head_branches``: the head of drafter "head" and its branching)."""
     eng = SpeculativeEngine(target, draft, k=k, adaptive_k=adaptive, drafter=drafter, tree=tree, tree_mode=tree_mode,
-                            suffix=suffix, verify_mode=verify_mode, datastore=datastore, draft_head=draft_head)
+                            suffix=suffix, verify_mode=verify_mode, datastore=datastore, draft_head=draft_head,
+                            head_branches=head_branches)
     tokens = steps = accepted = rejections = 0
     draft_s = draft_steps = target_s = other_s = step_s = 0.0
     elapsed = 0.0
@@ -270,6 +274,9 @@ def configs(target, draft, compiled, hf_target, hf_draft, hf_compiled, B, T, gro
                                                              drafter="hybrid")),
                 Config("engine head", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n,
                                                            drafter="head", draft_head=bundled.load_head(target))),
+                Config("engine head chain", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n,
+                                                                 drafter="head", draft_head=bundled.load_head(target),
+                                                                 head_branches=1)),
                 Config("engine suffix", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n,
                                                              drafter="suffix")),
                 Config("engine suffix tree", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n,
@@ -417,7 +424,8 @@ def suffix_summary(block_rows) -> List[str]:
     ngram = [r for r in block_rows if r["method"] == "engine ngram"]
     lines = []
     for r in block_rows:
-        if (r["method"] not in ("engine ngram", "engine head", "engine suffix", "engine suffix tree")
+        if (r["method"] not in ("engine ngram", "engine head", "engine head chain", "engine suffix",
+                                "engine suffix tree")
                 or r.get("draft_share") is None):
             continue
         line = (f"{r['device']:4} {r['batch']:>2} {r['temperature']:>3} {r['method']}: proposal "

@@ -187,3 +187,35 @@ class TreeNodes:
         positions = base.view(-1, 1) + (ancestors[:, start:].sum(-1) - 1)
         mask = _additive(_mask_bool(base, ancestors[:, start:], kv_len), dtype)
         return positions, mask
+
+    def one_row_inputs(self, past: int, num_tokens: int, dtype: torch.dtype,
+                       device) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`step_inputs` of one row that holds exactly ``past`` tokens before a step
+        that feeds the whole tree (``start`` 0, ``kv_len`` = past + num_tokens), from host
+        ``parents``: the tree's part of the mask is built once per tree shape and kept, so a
+        step costs two tensor ops instead of about twenty (a decode step of a small model is
+        bound by op count). None where it does not apply (parents on a device, several rows,
+        ``start`` > 0, a tree that breaks the rule: :meth:`step_inputs` raises for it)."""
+        par = self.parents
+        if self.start != 0 or par.device.type != "cpu" or (par.dim() == 2 and par.shape[0] != 1):
+            return None
+        key = tuple(par.reshape(-1)[:num_tokens].tolist())
+        if len(key) != num_tokens or key[0] != -1 or any(not 0 <= q < n for n, q in enumerate(key) if n):
+            return None
+        entry = _ONE_ROW.get((key, dtype, device))
+        if entry is None:
+            ancestors = _ancestors(torch.tensor([key], dtype=torch.int64))[0]  # [S, S]
+            tree_mask = _additive(ancestors, dtype).to(device)
+            depth = (ancestors.sum(-1) - 1).view(1, -1).to(device)
+            if len(_ONE_ROW) >= _ONE_ROW_SHAPES:
+                _ONE_ROW.clear()
+            entry = _ONE_ROW[(key, dtype, device)] = (tree_mask, depth)
+        tree_mask, depth = entry
+        mask = torch.zeros((1, 1, num_tokens, past + num_tokens), dtype=dtype, device=device)
+        mask[0, 0, :, past:].copy_(tree_mask)
+        return depth + past, mask
+
+
+#: Tree shapes whose one-row masks are kept (:meth:`TreeNodes.one_row_inputs`); a full table is emptied.
+_ONE_ROW_SHAPES = 256
+_ONE_ROW: dict = {}

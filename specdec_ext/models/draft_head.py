@@ -62,6 +62,7 @@ class DraftHead(nn.Module):
         self.fc2 = nn.Linear(self.intermediate_size, hidden, dtype=target.dtype, device=target.device)
         object.__setattr__(self, "_target", target)  # not a submodule: its weights are the target's
         self.draft_vocab: Optional[torch.Tensor] = None  # [Vd] int64: the tokens it may draft (None: all)
+        self._prep_key: Optional[list] = None  # what _prepared's tensors were built from
 
     @property
     def target(self):
@@ -108,6 +109,25 @@ class DraftHead(nn.Module):
         kernel (:func:`~specdec_ext.models.cpu_linear.residual_linear`); and the final norm's
         1 / rms is left out, since a positive factor does not move the argmax (its weight is
         folded into a copy of the lm_head rows of the draft vocabulary)."""
+        return self._drafts(feats, tokens, k, 1).squeeze(1)
+
+    @torch.no_grad()
+    def propose_branches(self, feats: torch.Tensor, tokens: torch.Tensor, k: int, branches: int) -> torch.Tensor:
+        """Drafts that branch at the first token: feats [B, H], tokens [B] int64 (as in
+        :meth:`propose`) -> Tensor [B, branches, k] int64 (k >= 1, 1 <= branches <= the draft
+        vocabulary's size): branch j starts with the (j+1)-th most likely first draft and goes
+        on greedily (branch 0 is :meth:`propose`'s chain, ties aside). The first tokens of the
+        branches are distinct, so the branches form a tree of ``branches`` chains below the
+        row's last token."""
+        vocab = self.target.vocab_size if self.draft_vocab is None else self.draft_vocab.numel()
+        if not 1 <= branches <= vocab:
+            raise ValueError(f"branches must be in [1, {vocab}], got {branches}")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        return self._drafts(feats, tokens, k, branches)
+
+    def _drafts(self, feats: torch.Tensor, tokens: torch.Tensor, k: int, branches: int) -> torch.Tensor:
+        """:meth:`propose_branches` without its checks of k and branches: [B, branches, k]."""
         if feats.dim() != 2 or feats.shape[1] != self.hidden_size:
             raise ValueError(f"feats must be [B, {self.hidden_size}], got {tuple(feats.shape)}")
         if tokens.dim() != 1 or tokens.shape[0] != feats.shape[0]:
@@ -117,50 +137,67 @@ class DraftHead(nn.Module):
 
         from .cpu_linear import linear, residual_linear
 
-        table, w_feat, w_feat_packed, w2_packed, w_out, w_out_packed = self._prepared()
+        table, table_draft, w_feat, w_feat_packed, w2_packed, w_out, w_out_packed = self._prepared()
+        B = feats.shape[0]
+        if k == 0:
+            return tokens.new_zeros((B, branches, 0))
         out = []
-        f, x = feats.to(self.fc1.weight.dtype), tokens
+        # x: the first step's token is a vocabulary id; later ones are argmax positions in the
+        # draft vocabulary, looked up in its rows of T and mapped to ids once at the end
+        f, x, rows = feats.to(self.fc1.weight.dtype), tokens, table
         b2 = self.fc2.bias
-        skinny = (w_feat_packed is not None and w2_packed is not None and w_out_packed is not None
-                  and f.shape[0] <= MAX_ROWS and not torch.compiler.is_compiling())
-        for _ in range(k):
-            if skinny:  # the packed kernel straight away: a draft costs ~7 op calls, which dominate here
-                a = _SKINNY(f, w_feat_packed, None, F.embedding(x, table))  # [B, intermediate]
+        packed = w_feat_packed is not None and w2_packed is not None and w_out_packed is not None
+        for j in range(k):
+            if packed and f.shape[0] <= MAX_ROWS and not torch.compiler.is_compiling():
+                # the packed kernel straight away: a draft costs 6 op calls, which dominate here
+                a = _SKINNY(f, w_feat_packed, None, F.embedding(x, rows))  # [B, intermediate]
                 f = _SKINNY(F.silu(a), w2_packed, b2, f)
-                x = _SKINNY(f, w_out_packed, None, None).argmax(-1)  # [B] in the draft vocabulary
+                scores = _SKINNY(f, w_out_packed, None, None)  # [B, Vd]
             else:
-                a = residual_linear(F.embedding(x, table), f, w_feat, None, w_feat_packed)
+                a = residual_linear(F.embedding(x, rows), f, w_feat, None, w_feat_packed)
                 f = residual_linear(f, F.silu(a), self.fc2.weight, b2, w2_packed)
-                x = linear(f, w_out, None, w_out_packed).argmax(-1)
-            if self.draft_vocab is not None:
-                x = self.draft_vocab[x]
+                scores = linear(f, w_out, None, w_out_packed)
+            if j == 0 and branches > 1:  # each row's feature goes on once per branch
+                x = scores.topk(branches, dim=-1).indices.flatten()  # [B * branches], row-major
+                f = f.repeat_interleave(branches, dim=0)
+            else:
+                x = scores.argmax(-1)  # in the draft vocabulary
             out.append(x)
-        if not out:
-            return tokens.new_zeros((feats.shape[0], 0))
-        return torch.stack(out, dim=1)
+            rows = table_draft
+        if branches > 1:
+            out[0] = out[0].view(B, branches)
+            drafts = torch.cat([out[0].unsqueeze(-1)] + [x.view(B, branches, 1) for x in out[1:]], dim=-1)
+        else:
+            drafts = torch.stack(out, dim=1).unsqueeze(1)  # [B, 1, k]
+        return drafts if self.draft_vocab is None else self.draft_vocab[drafts]
 
     def _prepared(self):
-        """(T [V, intermediate], W1_f [intermediate, H], its packed copy or None, fc2's packed
-        copy or None, the draft vocabulary's lm_head rows times the final norm's weight
-        [Vd, H], its packed copy or None), rebuilt when a weight they derive from changes
-        (version or storage) or the draft vocabulary does."""
+        """(T [V, intermediate], T's rows of the draft vocabulary [Vd, intermediate],
+        W1_f [intermediate, H], its packed copy or None, fc2's packed copy or None, the draft
+        vocabulary's lm_head rows times the final norm's weight [Vd, H], its packed copy or
+        None), rebuilt when a weight they derive from changes (version or storage) or the draft
+        vocabulary does."""
         from ..ops.linear import pack_linear_weight
         from .cpu_linear import _packable, _version
 
-        norm = self.target.model.norm.weight
-        emb, head, w1, w2 = self.target.model.embed_tokens.weight, self.target.lm_head.weight, self.fc1.weight, self.fc2.weight
-        key = tuple((t.data_ptr(), _version(t))
-                    for t in (emb, head, norm, w1, self.fc1.bias, w2)) + (id(self.draft_vocab),)
-        if getattr(self, "_prep_key", None) != key:
+        model = self.target.model
+        sources = (model.embed_tokens.weight, self.target.lm_head.weight, model.norm.weight,
+                   self.fc1.weight, self.fc1.bias, self.fc2.weight)
+        key = [(t.data_ptr(), _version(t)) for t in sources]
+        key.append(id(self.draft_vocab))
+        if self._prep_key != key:
+            emb, head, norm, w1, b1, w2 = sources
             H = self.hidden_size
-            table = F.linear(emb, w1[:, H:], self.fc1.bias)  # [V, intermediate]
+            table = F.linear(emb, w1[:, H:], b1)  # [V, intermediate]
             w_feat = w1[:, :H].contiguous()
-            rows = head if self.draft_vocab is None else head[self.draft_vocab]
+            vocab = self.draft_vocab
+            rows = head if vocab is None else head[vocab]
             w_out = (rows * norm).contiguous()  # [Vd, H]
 
             def pack(w):
                 return pack_linear_weight(w) if _packable(w) else None
-            self._prep = (table, w_feat, pack(w_feat), pack(w2.detach()), w_out, pack(w_out))
+            self._prep = (table, table if vocab is None else table[vocab].contiguous(),
+                          w_feat, pack(w_feat), pack(w2.detach()), w_out, pack(w_out))
             self._prep_key = key
         return self._prep
 

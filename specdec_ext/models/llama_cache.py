@@ -137,7 +137,9 @@ class ContiguousLlamaCache:
         # layers after a device rollback, and every layer must match one mask.
         kv_len, exact = kv.begin_step(num_tokens)
         if tree is not None:
-            pos, mask = tree.step_inputs(kv.lengths, num_tokens, kv_len, self.dtype)
+            one_row = (tree.one_row_inputs(kv_len - num_tokens, num_tokens, self.dtype, self.device)
+                       if self.batch_size == 1 and exact else None)
+            pos, mask = one_row or tree.step_inputs(kv.lengths, num_tokens, kv_len, self.dtype)
             return LlamaCacheStep(positions=pos, num_tokens=num_tokens, kv_len=kv_len, mask=mask)
         pos = kv.lengths.view(-1, 1) + torch.arange(num_tokens, device=self.device, dtype=torch.int64)
         if num_tokens == 1 and self.batch_size == 1 and exact:
