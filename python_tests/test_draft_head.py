@@ -197,6 +197,24 @@ def test_head_trees_take_fewer_passes_than_head_chains(pair):
     assert steps[2] <= 0.95 * steps[1], steps
 
 
+@pytest.mark.parametrize("rows, trees", [(4, True), (5, False)])
+def test_head_trees_run_for_small_batches_only(pair, rows, trees):
+    """Up to HEAD_TREE_MAX_ROWS rows a step where the head drafts scores a tree; a larger batch
+    drafts chains (a tree per row widens the whole batch's pass); the text is target-only's."""
+    target, head = pair
+    assert engine_module.HEAD_TREE_MAX_ROWS == 4
+    tok = bundled.load_tokenizer()
+    batch, mask = _batch(tok, (PROMPTS + ["(", "def f(x):"])[:rows])
+    eng = SpeculativeEngine(target, None, k=8, drafter="head", draft_head=head)
+    calls = []
+    forward_tree = eng.target.forward_tree
+    eng.target.forward_tree = lambda *a: (calls.append(1), forward_tree(*a))[1]
+    out = eng.generate(batch, 24, attention_mask=mask)
+    plain = SpeculativeEngine(target, None, k=0).generate(batch, 24, attention_mask=mask)
+    assert out.generated == plain.generated
+    assert bool(calls) == trees
+
+
 def test_tree_steps_keep_the_emitted_path_and_its_feature(pair):
     """Head trees on the bundled pair (greedy, ragged batch, one row with a one-token prompt):
     after every step each row's cache holds exactly its text minus the newest token, and its

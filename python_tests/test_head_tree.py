@@ -1,10 +1,12 @@
 """Building head trees (specdec_ext/engine/head_tree.py): chains merged into one tree below the
-row's last token, cut to the caches' room, and batched for forward_tree / verify_tree."""
+row's last token, cut to the caches' room, and batched for forward_tree / verify_tree
+(engine/tree.py batch_text_trees, which suffix trees share)."""
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_ext.engine.head_tree import _batch, branch_tree
+from specdec_ext.engine.head_tree import branch_tree
+from specdec_ext.engine.tree import batch_text_trees
 
 
 def _paths(tokens, parents):
@@ -50,10 +52,10 @@ def test_batch_pads_rows_and_gives_each_row_its_depth():
     """Node 0 is the row's last token; a shorter row is padded with root children repeating
     its first candidate (a row without drafts repeats token 0), which counts as depth 1."""
     trees = [branch_tree([[5, 6, 7], [8]], 10), ([], []), branch_tree([[3]], 10)]
-    ids, parents, depth, depths = _batch(trees, [1, 2, 4])
+    ids, parents, depth, depths = batch_text_trees(trees, [1, 2, 4])
     assert ids.tolist() == [[1, 5, 6, 7, 8], [2, 0, 0, 0, 0], [4, 3, 3, 3, 3]]
     assert parents.tolist() == [[-1, 0, 1, 2, 0], [-1, 0, 0, 0, 0], [-1, 0, 0, 0, 0]]
     assert depth == 3 and depths == [3, 1, 1]
-    ids, parents, depth, depths = _batch([([], [])], [7])
+    ids, parents, depth, depths = batch_text_trees([([], [])], [7])
     assert ids.tolist() == [[7]] and parents.tolist() == [[-1]] and depth == 0 and depths == [0]
     assert ids.dtype == parents.dtype == torch.int64

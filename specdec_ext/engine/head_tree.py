@@ -5,7 +5,7 @@ and its second choice is right much of the rest of the time (over the target's o
 text: 67% top-1, 78% top-2, 83% top-3). A step where a row drafts with the head therefore
 scores a small tree instead of a chain: branch j starts with the head's (j+1)-th most likely
 first token and goes on greedily, branch j holding max(1, K - j) nodes (K: the row's
-draft count from adaptive K). A row with a prompt-lookup match drafts its chain as before
+draft count from adaptive K, at most ``HEAD_DRAFTS``). A row with a prompt-lookup match drafts its chain as before
 (a tree with one branch). The target scores every node in one ``forward_tree``,
 :func:`specdec_ext.verify_tree` tests the nodes as deterministic candidates (exact at any
 temperature, as for suffix trees), the target cache keeps the accepted path (``compact``),
@@ -14,14 +14,14 @@ and the row's next feature is the hidden state of the path's last kept node.
 from __future__ import annotations
 
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 
 from ..cache import TreeNodes
 from .commit import commit_step
 from .phases import check_rows, drop_entries
-from .tree import verify_tree_phase
+from .tree import batch_text_trees, verify_tree_phase
 from .timing import make_timer
 
 __all__ = ["head_tree_step", "branch_tree"]
@@ -51,26 +51,6 @@ def branch_tree(chains: Sequence[Sequence[int]], max_nodes: int) -> Tree:
     return tokens, parents
 
 
-def _batch(trees: Sequence[Tree], last: Sequence[int]):
-    """Per-row trees -> (tree_ids int64 [B, N], parents int64 [B, N], step depth, each row's
-    depth): node 0 the row's last token, then its tree's nodes (parent p -> p + 1); a row
-    with fewer nodes is padded with children of the root repeating its first candidate
-    (verify_tree never accepts a repeated deterministic candidate twice), which gives the
-    row depth 1."""
-    N = 1 + max((len(t) for t, _ in trees), default=0)
-    ids, par, depths = [], [], []
-    for b, (tokens, parents) in enumerate(trees):
-        d = [0] * (len(tokens) + 1)
-        for i, p in enumerate(parents):
-            d[i + 1] = d[p + 1] + 1
-        pad = N - 1 - len(tokens)
-        depths.append(max(max(d), 1 if pad else 0))
-        ids.append([last[b]] + list(tokens) + [tokens[0] if tokens else 0] * pad)
-        par.append([-1] + [p + 1 for p in parents] + [0] * pad)
-    return (torch.tensor(ids, dtype=torch.int64), torch.tensor(par, dtype=torch.int64),
-            max(depths, default=0), depths)
-
-
 def _trees(engine, run, props, sources, ks, head_source: str, head_drafts: int) -> List[Tree]:
     """Each row's tree: its text chain cut to its K, or the head's branches (one batched
     head call for the head rows; K at most ``head_drafts``), every tree cut to the caches' room."""
@@ -88,11 +68,8 @@ def _trees(engine, run, props, sources, ks, head_source: str, head_drafts: int) 
     if head_rows:
         k_head = {b: min(ks[b], head_drafts) for b in head_rows}
         k = max(k_head.values())
-        feats, last = run.head_feats, run.last  # [B, H], [B]
-        if len(head_rows) < B:
-            index = engine._to_device(torch.tensor(head_rows, dtype=torch.int64))
-            feats, last = feats.index_select(0, index), last.index_select(0, index)
-        drafts = engine.head.propose_branches(feats, last, k, engine.head_branches).cpu().tolist()
+        drafts = engine.head.propose_branches(*engine._head_inputs(run, head_rows), k,
+                                              engine.head_branches).cpu().tolist()
         for b, branches in zip(head_rows, drafts):
             trees[b] = branch_tree([chain[:max(1, k_head[b] - j)] for j, chain in enumerate(branches)], room)
     return trees
@@ -111,7 +88,7 @@ def head_tree_step(engine, run, sync, text, head_source: str, head_drafts: int, 
         timer.mark()
         sources = [head_source if use else sources[b] for b, use in enumerate(engine._head_rows(run, props))]
         ks = run.choose_ks(sources)
-        ids, parents, depth, depths = _batch(_trees(engine, run, props, sources, ks, head_source, head_drafts),
+        ids, parents, depth, depths = batch_text_trees(_trees(engine, run, props, sources, ks, head_source, head_drafts),
                                              run.last_tokens())
         N = ids.shape[1]
         engine._trim_finished(run, N)

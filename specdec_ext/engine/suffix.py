@@ -41,7 +41,7 @@ from .._validate import check_int
 from ..cache import TreeNodes
 from .commit import commit_step
 from .phases import check_rows, drop_entries
-from .tree import verify_tree_phase
+from .tree import batch_text_trees, verify_tree_phase
 
 __all__ = ["GlobalSuffixCache", "SuffixConfig", "SuffixRow", "suffix_tree_step"]
 
@@ -190,24 +190,6 @@ class SuffixRow:
         return self.propose_tree(k)[0]
 
 
-def _tree_batch(trees, last: Sequence[int]):
-    """Per-row drafts -> (tree_ids int64 [B, N], parents int64 [B, N], depth): node 0 the
-    row's last token, then its draft's nodes (parent p -> p + 1); rows with fewer nodes are
-    padded with children of the root repeating the row's first candidate (a repeated
-    deterministic candidate is never accepted twice: verify_tree zeroes it after a rejection)."""
-    N = 1 + max((len(t[0]) for t in trees), default=0)
-    ids, par, depth = [], [], 0
-    for b, (tokens, parents, _) in enumerate(trees):
-        d = [0] * (len(tokens) + 1)
-        for i, p in enumerate(parents):
-            d[i + 1] = d[p + 1] + 1
-        depth = max(depth, max(d))
-        pad = N - 1 - len(tokens)
-        ids.append([last[b]] + list(tokens) + [tokens[0] if tokens else 0] * pad)
-        par.append([-1] + [p + 1 for p in parents] + [0] * pad)
-    return torch.tensor(ids, dtype=torch.int64), torch.tensor(par, dtype=torch.int64), depth
-
-
 def suffix_tree_step(engine, run, sync) -> None:
     """One suffix-tree step (no draft model): every active row proposes a tree of at most
     min(k, its token budget - 1, the caches' room) nodes -> the target scores every node in
@@ -225,7 +207,7 @@ def suffix_tree_step(engine, run, sync) -> None:
         trees = [run.ngram[b].propose_tree(max(0, min(engine.k_max, run.max_new_tokens - len(run.generated[b]) - 1,
                                                       room)))
                  if run.active[b] else ([], [], []) for b in range(B)]
-        ids, parents, depth = _tree_batch(trees, run.last_tokens())
+        ids, parents, depth, _ = batch_text_trees(trees, run.last_tokens())
         N = ids.shape[1]
         engine._trim_finished(run, N)
         ids, parents = engine._to_device(ids), engine._to_device(parents)

@@ -43,7 +43,7 @@ from .inputs import SamplingArgs
 from .phases import ToDevice, catch_up
 from .rng_keys import StepKeys
 
-__all__ = ["TREE_MODES", "TreeShape", "choose_depth", "compact_caches", "draft_entries", "draft_tree",
+__all__ = ["TREE_MODES", "TreeShape", "batch_text_trees", "choose_depth", "compact_caches", "draft_entries", "draft_tree",
            "verify_tree_phase"]
 
 #: how the draft picks a node's children: i.i.d. draws from q (exact multi-draft sampling), or its top-b
@@ -198,3 +198,26 @@ def draft_entries(shape: TreeShape, depth: int, pending: List[int]) -> List[int]
     """Entries the draft appended this step per row: its pending tokens, then the nodes of
     levels 1..d-1 (0 at depth 0: the draft did not run)."""
     return [n + shape.num_nodes(depth - 1) - 1 if depth > 0 else 0 for n in pending]
+
+
+def batch_text_trees(trees: Sequence[Sequence[Sequence[int]]], last: Sequence[int]):
+    """Per-row trees of deterministic candidates (``trees[b]`` = (tokens, parents, ...): parent
+    -1 = after the row's last token, else an earlier node's index) -> (tree_ids int64 [B, N],
+    parents int64 [B, N], the step's depth, each row's depth). Node 0 is the row's last token,
+    then its tree's nodes (parent p -> p + 1); a row with fewer nodes is padded with children
+    of the root repeating its first candidate (token 0 for a row without any), which gives
+    the row depth 1 (a repeated deterministic candidate is never accepted twice: verify_tree
+    zeroes it after a rejection)."""
+    N = 1 + max((len(t[0]) for t in trees), default=0)
+    ids, par, depths = [], [], []
+    for b, tree in enumerate(trees):
+        tokens, parents = tree[0], tree[1]
+        d = [0] * (len(tokens) + 1)
+        for i, p in enumerate(parents):
+            d[i + 1] = d[p + 1] + 1
+        pad = N - 1 - len(tokens)
+        depths.append(max(max(d), 1 if pad else 0))
+        ids.append([last[b]] + list(tokens) + [tokens[0] if tokens else 0] * pad)
+        par.append([-1] + [p + 1 for p in parents] + [0] * pad)
+    return (torch.tensor(ids, dtype=torch.int64), torch.tensor(par, dtype=torch.int64),
+            max(depths, default=0), depths)
