@@ -165,6 +165,18 @@ def run_hf(hf_target, hf_draft, temperature, groups, max_new, assisted, prompt_l
                 draft_s_per_token=None, target_s_per_step=None, bookkeeping=None)
 
 
+def _head_configs(target, kmax, T, groups, n) -> List["Config"]:
+    """The head drafter's rows (its trees, and its chain: ``head_branches=1``), sharing one
+    head; each warmed up on one prompt first (the head builds its token table on first use)."""
+    head = bundled.load_head(target)
+    out = []
+    for method, branches in (("engine head", HEAD_BRANCHES), ("engine head chain", 1)):
+        kw = dict(drafter="head", draft_head=head, head_branches=branches)
+        out.append(Config(method, f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n, **kw),
+                          warm=_engine(target, None, kmax, "cost", T, groups[:1], n, **kw)))
+    return out
+
+
 def _engine(*args, **kwargs) -> Callable[[], Dict[str, Any]]:
     """``run_engine(*args, **kwargs)``, deferred: a :class:`Config`'s run or warm-up."""
     return partial(run_engine, *args, **kwargs)
@@ -272,11 +284,7 @@ def configs(target, draft, compiled, hf_target, hf_draft, hf_compiled, B, T, gro
                   if args.datastore_built is not None else []),
                 Config("engine hybrid", f"<={kmax}", _engine(target, draft, kmax, "cost", T, groups, n,
                                                              drafter="hybrid")),
-                Config("engine head", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n,
-                                                           drafter="head", draft_head=bundled.load_head(target))),
-                Config("engine head chain", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n,
-                                                                 drafter="head", draft_head=bundled.load_head(target),
-                                                                 head_branches=1)),
+                *_head_configs(target, kmax, T, groups, n),
                 Config("engine suffix", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n,
                                                              drafter="suffix")),
                 Config("engine suffix tree", f"<={kmax}", _engine(target, None, kmax, "cost", T, groups, n,
