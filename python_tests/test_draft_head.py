@@ -197,6 +197,20 @@ def test_head_trees_take_fewer_passes_than_head_chains(pair):
     assert steps[2] <= 0.95 * steps[1], steps
 
 
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+@pytest.mark.parametrize("k", [1, 2, 16])
+def test_head_trees_on_either_cache_give_target_only_text(pair, cache, k):
+    """Head trees through a contiguous and a paged cache (compact, then rollback), a ragged
+    batch, K as small as 1 (a tree then holds two one-node branches): target-only's text."""
+    target, head = pair
+    tok = bundled.load_tokenizer()
+    batch, mask = _batch(tok, PROMPTS + ["("])
+    plain = SpeculativeEngine(target, None, k=0).generate(batch, 40, attention_mask=mask)
+    out = SpeculativeEngine(LlamaSpecModel(target, cache=cache), None, k=k, drafter="head",
+                            draft_head=head).generate(batch, 40, attention_mask=mask)
+    assert out.generated == plain.generated
+
+
 @pytest.mark.parametrize("rows, trees", [(4, True), (5, False)])
 def test_head_trees_run_for_small_batches_only(pair, rows, trees):
     """Up to HEAD_TREE_MAX_ROWS rows a step where the head drafts scores a tree; a larger batch
