@@ -18,10 +18,9 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-from ..cache import TreeNodes
 from .commit import commit_step
 from .phases import check_rows, drop_entries
-from .tree import batch_text_trees, verify_tree_phase
+from .tree import batch_text_trees, score_text_tree
 from .timing import make_timer
 
 __all__ = ["head_tree_step", "branch_tree"]
@@ -88,16 +87,9 @@ def head_tree_step(engine, run, sync, text, head_source: str, head_drafts: int, 
         timer.mark()
         sources = [head_source if use else sources[b] for b, use in enumerate(engine._head_rows(run, props))]
         ks = run.choose_ks(sources)
-        ids, parents, depth, depths = batch_text_trees(_trees(engine, run, props, sources, ks, head_source, head_drafts),
-                                             run.last_tokens())
-        N = ids.shape[1]
-        engine._trim_finished(run, N)
-        ids, parents = engine._to_device(ids), engine._to_device(parents)
-        timer.mark()
-        logits = engine.target.forward_tree(ids, TreeNodes(parents))
-        timer.mark()
-        _, packed = verify_tree_phase(logits, ids, parents, None, run.sampling, run.keys.verify(run.step), depth)
-        timer.mark()
+        trees = _trees(engine, run, props, sources, ks, head_source, head_drafts)
+        ids, parents, depth, depths = batch_text_trees(trees, run.last_tokens())
+        _, packed, N = score_text_tree(engine, run, ids, parents, depth, timer)
     rows = packed.cpu().tolist()  # the step's ONE device -> host copy
     check_rows(rows, depth, run.active, run.step)
     commits = commit_step(rows, depth, run.active, run.pending, [len(g) for g in run.generated],

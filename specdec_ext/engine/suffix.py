@@ -38,10 +38,9 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from .._validate import check_int
-from ..cache import TreeNodes
 from .commit import commit_step
 from .phases import check_rows, drop_entries
-from .tree import batch_text_trees, verify_tree_phase
+from .tree import batch_text_trees, score_text_tree
 
 __all__ = ["GlobalSuffixCache", "SuffixConfig", "SuffixRow", "suffix_tree_step"]
 
@@ -208,14 +207,7 @@ def suffix_tree_step(engine, run, sync) -> None:
                                                       room)))
                  if run.active[b] else ([], [], []) for b in range(B)]
         ids, parents, depth, _ = batch_text_trees(trees, run.last_tokens())
-        N = ids.shape[1]
-        engine._trim_finished(run, N)
-        ids, parents = engine._to_device(ids), engine._to_device(parents)
-        timer.mark()
-        logits = engine.target.forward_tree(ids, TreeNodes(parents))
-        timer.mark()
-        result, packed = verify_tree_phase(logits, ids, parents, None, run.sampling, run.keys.verify(run.step), depth)
-        timer.mark()
+        result, packed, N = score_text_tree(engine, run, ids, parents, depth, timer)
         _, path, num_accepted, valid = result
         engine.target.compact(N, path, torch.where(valid, num_accepted + 1, 0))
     rows = packed.cpu().tolist()  # the step's ONE device -> host copy

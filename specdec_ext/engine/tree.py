@@ -43,7 +43,7 @@ from .inputs import SamplingArgs
 from .phases import ToDevice, catch_up
 from .rng_keys import StepKeys
 
-__all__ = ["TREE_MODES", "TreeShape", "batch_text_trees", "choose_depth", "compact_caches", "draft_entries", "draft_tree",
+__all__ = ["TREE_MODES", "TreeShape", "batch_text_trees", "choose_depth", "score_text_tree", "compact_caches", "draft_entries", "draft_tree",
            "verify_tree_phase"]
 
 #: how the draft picks a node's children: i.i.d. draws from q (exact multi-draft sampling), or its top-b
@@ -221,3 +221,20 @@ def batch_text_trees(trees: Sequence[Sequence[Sequence[int]]], last: Sequence[in
         par.append([-1] + [p + 1 for p in parents] + [0] * pad)
     return (torch.tensor(ids, dtype=torch.int64), torch.tensor(par, dtype=torch.int64),
             max(depths, default=0), depths)
+
+
+def score_text_tree(engine, run, ids: torch.Tensor, parents: torch.Tensor, depth: int, timer):
+    """The target's part of a step over trees of deterministic candidates
+    (:func:`batch_text_trees`' ids and parents, host int64 [B, N]): finished rows trimmed to
+    take N entries, every node scored in one ``forward_tree`` (timed as the target phase),
+    :func:`verify_tree_phase` without q (the verify phase). Returns (its TreeVerifyResult,
+    the packed rows, N)."""
+    N = ids.shape[1]
+    engine._trim_finished(run, N)
+    ids, parents = engine._to_device(ids), engine._to_device(parents)
+    timer.mark()
+    logits = engine.target.forward_tree(ids, TreeNodes(parents))
+    timer.mark()
+    result, packed = verify_tree_phase(logits, ids, parents, None, run.sampling, run.keys.verify(run.step), depth)
+    timer.mark()
+    return result, packed, N
