@@ -14,7 +14,8 @@ target-only decoding of the same prompt: after a warm-up, --rounds speculative a
 target-only runs are timed interleaved and the median speedup is printed with its
 min-max (skip the target-only runs with --no-baseline: one timed run). With --drafter
 head (the default with the bundled pair: prompt-lookup drafts where the text has a match, the
-target's draft head elsewhere; --draft-head DIR gives one for --target DIR), ngram (the default
+target's draft head elsewhere, branching at its first draft into --head-branches chains scored
+as one tree; --draft-head DIR gives one for --target DIR), ngram (the default
 with --target DIR) or suffix no draft model is used.
 --prompt-file FILE runs its prompts (one per line, or JSON lines {"prompt": ...}) one after
 another in ONE engine, so --drafter suffix drafts from the earlier prompts' outputs too;
