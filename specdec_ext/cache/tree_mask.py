@@ -200,11 +200,16 @@ class TreeNodes:
         if self.start != 0 or par.device.type != "cpu" or (par.dim() == 2 and par.shape[0] != 1):
             return None
         key = tuple(par.reshape(-1)[:num_tokens].tolist())
-        if len(key) != num_tokens or key[0] != -1 or any(not 0 <= q < n for n, q in enumerate(key) if n):
+        if len(key) != num_tokens:
             return None
         entry = _ONE_ROW.get((key, dtype, device))
-        if entry is None:
-            ancestors = _ancestors(torch.tensor([key], dtype=torch.int64))[0]  # [S, S]
+        if entry is None:  # a new shape: checked once (a kept one passed), as step_inputs checks it
+            rows = torch.tensor([key], dtype=torch.int64)
+            try:
+                _check_parent_values(rows)
+            except ValueError:
+                return None
+            ancestors = _ancestors(rows)[0]  # [S, S]
             tree_mask = _additive(ancestors, dtype).to(device)
             depth = (ancestors.sum(-1) - 1).view(1, -1).to(device)
             if len(_ONE_ROW) >= _ONE_ROW_SHAPES:
