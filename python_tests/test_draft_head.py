@@ -3,6 +3,8 @@ the trained recurrence, the engine's output is target-only's (greedy, token for 
 follows the target's law at T > 0 (chi-square), its drafts read the right hidden state (the
 bundled head's drafts are accepted: a wrong feature makes them useless), and bad arguments
 are refused before anything runs."""
+import time
+
 import pytest
 import torch
 
@@ -195,6 +197,26 @@ def test_head_trees_take_fewer_passes_than_head_chains(pair):
             assert out.generated == plain.generated, (branches, prompt)
             steps[branches] += out.steps
     assert steps[2] <= 0.95 * steps[1], steps
+
+
+@pytest.mark.parametrize("branches", [1, 2])
+def test_the_text_lookup_counts_as_drafting(pair, branches):
+    """A head step looks up the row's text before it knows whether the head drafts: that
+    lookup is timed in the draft phase, not in ``other`` (the bookkeeping). A lookup slowed
+    by 20 ms must show in ``phase_s.draft`` on every step and not in ``phase_s.other``."""
+    target, head = pair
+    tok = bundled.load_tokenizer()
+    ids = torch.tensor([tok.encode("def fibonacci(n):").ids])
+    eng = SpeculativeEngine(target, None, k=16, drafter="head", draft_head=head, head_branches=branches)
+    propose, delay = eng._propose, 0.02
+
+    def slow_propose(run, head=True):
+        time.sleep(delay)
+        return propose(run, head=head)
+    eng._propose = slow_propose
+    out = eng.generate(ids, 24)
+    assert out.phase_s.draft >= delay * out.steps, (out.phase_s, out.steps)
+    assert out.phase_s.other < delay * out.steps / 2, (out.phase_s, out.steps)
 
 
 @pytest.mark.parametrize("cache", ["contiguous", "paged"])

@@ -506,15 +506,15 @@ class SpeculativeEngine:
         if self.suffix is not None and self.suffix.config.tree:
             return suffix_tree_step(self, run, sync)
         t0 = time.perf_counter()
+        timer = make_timer(self.device)
+        timer.mark()  # the draft phase starts here: it holds the text lookup of a head step
         text = None
         if (self.head is not None and self.head_branches > 1 and not run.keys.coupled
                 and len(run.prompts) <= HEAD_TREE_MAX_ROWS):
             text = self._propose(run, head=False)
             if any(self._head_rows(run, text[0])):  # the head drafts for a row: a tree step
-                return head_tree_step(self, run, sync, text, HEAD_SOURCE, HEAD_DRAFTS, t0)
-        timer = make_timer(self.device)
+                return head_tree_step(self, run, sync, text, HEAD_SOURCE, HEAD_DRAFTS, t0, timer)
         with sync:
-            timer.mark()
             props, sources = self._propose(run) if text is None else text
             ks = run.choose_ks(sources)
             self._trim_finished(run, max(ks, default=0) + 1)

@@ -21,7 +21,6 @@ import torch
 from .commit import commit_step
 from .phases import check_rows, drop_entries
 from .tree import batch_text_trees, score_text_tree
-from .timing import make_timer
 
 __all__ = ["head_tree_step", "branch_tree"]
 
@@ -74,17 +73,17 @@ def _trees(engine, run, props, sources, ks, head_source: str, head_drafts: int) 
     return trees
 
 
-def head_tree_step(engine, run, sync, text, head_source: str, head_drafts: int, t0: float) -> None:
+def head_tree_step(engine, run, sync, text, head_source: str, head_drafts: int, t0: float, timer) -> None:
     """One step of the drafter 'head' with branching head drafts (module docstring): text
     chains (``text``: the step's n-gram proposals and sources, from ``engine._propose``) and
     head trees -> one ``forward_tree`` -> ``verify_tree`` -> commit as a chain of K = the
     step's depth -> the target cache keeps each row's emitted path (moved to the front of
-    the step's entries only where the path left the first branch) -> the rows' features."""
-    timer = make_timer(engine.device)
+    the step's entries only where the path left the first branch) -> the rows' features.
+    ``t0``, ``timer``: the step's start and its phase timer, marked before the text lookup
+    (so the lookup counts as drafting)."""
     B = len(run.prompts)
     props, sources = text
     with sync:
-        timer.mark()
         sources = [head_source if use else sources[b] for b, use in enumerate(engine._head_rows(run, props))]
         ks = run.choose_ks(sources)
         trees = _trees(engine, run, props, sources, ks, head_source, head_drafts)
