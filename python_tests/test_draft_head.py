@@ -219,6 +219,34 @@ def test_the_text_lookup_counts_as_drafting(pair, branches):
     assert out.phase_s.other < delay * out.steps / 2, (out.phase_s, out.steps)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_row_given_no_drafts_in_a_tree_step_tests_none(pair, monkeypatch, temperature):
+    """A row whose K is 0 in a head-tree step (its policy's choice) is padded to the step's
+    width; it tests no drafts (K 0 in its stats: counting the padding as a rejected draft
+    would lower its acceptance estimate for nothing) and emits one token per step, while the
+    other row drafts trees; greedy, the text is target-only's."""
+    from specdec_ext.engine import run as run_module
+    target, head = pair
+    tok = bundled.load_tokenizer()
+    batch, mask = _batch(tok, ["def fibonacci(n):", "class Stack:\n    def push(self, x):"])
+    choose = run_module.Run.choose_ks
+
+    def no_drafts_for_row_1(self, sources=None):
+        ks = choose(self, sources)
+        return [k if b != 1 else 0 for b, k in enumerate(ks)]
+    monkeypatch.setattr(run_module.Run, "choose_ks", no_drafts_for_row_1)
+    eng = SpeculativeEngine(target, None, k=8, drafter="head", draft_head=head)
+    calls = []
+    forward_tree = eng.target.forward_tree
+    eng.target.forward_tree = lambda *a: (calls.append(1), forward_tree(*a))[1]
+    out = eng.generate(batch, 24, attention_mask=mask, temperature=temperature, seed=1)
+    assert calls, "the head drafted trees for row 0"
+    assert set(out.stats[1].ks) == {0} and set(out.stats[1].emitted) == {1}
+    if temperature == 0:
+        plain = SpeculativeEngine(target, None, k=0).generate(batch, 24, attention_mask=mask)
+        assert out.generated == plain.generated
+
+
 @pytest.mark.parametrize("cache", ["contiguous", "paged"])
 @pytest.mark.parametrize("k", [1, 2, 16])
 def test_head_trees_on_either_cache_give_target_only_text(pair, cache, k):
@@ -332,11 +360,13 @@ def test_tiny_greedy_equals_target_only(tiny, k, branches):
 
 
 @pytest.mark.parametrize("mode, branches", [("exact", 1), ("block", 1), ("exact", 2), ("block", 3)])
-def test_first_three_tokens_follow_the_target_exactly(tiny, mode, branches):
+def test_first_three_tokens_follow_the_target_exactly(tiny, mode, branches, monkeypatch):
     """T = 0.8, top_k = 5, 20k rows of a prompt without a repeated token, so the first step
     drafts K = 3 from the head (a chain, or a tree of ``branches`` branches through
     verify_tree): chi-square of the first three tokens (at ALPHA) against the target's
-    filtered law chained in float64."""
+    filtered law chained in float64. Trees are drafted for at most HEAD_TREE_MAX_ROWS rows,
+    so here that cap is lifted to the batch (a tree row's law does not depend on the batch),
+    and the test checks that the trees were scored."""
     hf, ref, head = tiny
     prompt, n = [5, 17, 42], draws(20_000)
 
@@ -347,9 +377,14 @@ def test_first_three_tokens_follow_the_target_exactly(tiny, mode, branches):
         return torch.softmax(logits.masked_fill(logits < kth, float("-inf")), -1).numpy()
 
     law = sequence_law(next_probs, prompt, 3, V)
+    monkeypatch.setattr(engine_module, "HEAD_TREE_MAX_ROWS", n)
     eng = SpeculativeEngine(LlamaSpecModel(ref), None, k=3, adaptive_k=False, drafter="head", draft_head=head,
                             verify_mode=mode, head_branches=branches)
+    calls = []
+    forward_tree = eng.target.forward_tree
+    eng.target.forward_tree = lambda *a: (calls.append(1), forward_tree(*a))[1]
     out = eng.generate(torch.tensor([prompt]).repeat(n, 1), 4, temperature=0.8, top_k=5, seed=3)
+    assert bool(calls) == (branches > 1), "trees are scored exactly when the head branches"
     assert {s.ks[0] for s in out.stats} == {3}, "the first step drafted 3 head tokens in every row"
     acc = sum(s.accepted for s in out.stats) / max(1, sum(s.drafted for s in out.stats))
     assert 0.0 < acc < 1.0
@@ -381,6 +416,39 @@ def test_engine_refuses_bad_head_arguments(pair, tiny):
     with pytest.raises(ValueError, match="head_branches=2 drafts trees, which NoTrees cannot score"):
         SpeculativeEngine(NoTrees(target), None, drafter="head", draft_head=head)
     assert SpeculativeEngine(NoTrees(target), None, drafter="head", draft_head=head, head_branches=1).head is head
+
+
+def test_head_steps_do_not_feed_the_draft_model_cost(pair, monkeypatch):
+    """The head (and its text lookup) is not the draft model: with a measured cost model
+    (``step_costs`` not frozen) neither head-chain nor head-tree steps record a draft-model
+    step time, which would price the model's drafts by the head's."""
+    from specdec_ext.engine.adaptive_k import StepCosts
+    target, head = pair
+    tok = bundled.load_tokenizer()
+    ids = torch.tensor([tok.encode("def fibonacci(n):").ids])
+    recorded = []
+    monkeypatch.setattr(StepCosts, "add_draft", lambda self, s: recorded.append(s))
+    for branches in (1, 2):
+        out = SpeculativeEngine(target, None, k=16, drafter="head", draft_head=head, head_branches=branches,
+                                step_costs=StepCosts()).generate(ids, 24)
+        assert out.draft_steps > 0
+    assert recorded == []
+
+
+def test_more_branches_than_draft_tokens_are_refused(tiny):
+    """head_branches distinct first drafts need as many tokens in the head's draft vocabulary:
+    refused at construction, and at generate when the vocabulary shrank since."""
+    _, ref, head = tiny
+    try:
+        head.set_draft_vocab(torch.tensor([3, 4]))
+        with pytest.raises(ValueError, match="head_branches=3 exceeds the head's draft vocabulary of 2 tokens"):
+            SpeculativeEngine(LlamaSpecModel(ref), None, drafter="head", draft_head=head, head_branches=3)
+        eng = SpeculativeEngine(LlamaSpecModel(ref), None, drafter="head", draft_head=head, head_branches=2)
+        head.set_draft_vocab(torch.tensor([3]))
+        with pytest.raises(ValueError, match="head_branches=2 exceeds the head's draft vocabulary of 1 tokens"):
+            eng.generate(torch.tensor([[5, 17, 42]]), 4)
+    finally:
+        head.set_draft_vocab(None)
 
 
 def test_hidden_states_are_released_after_a_failed_run(pair):

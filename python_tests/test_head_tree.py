@@ -50,12 +50,32 @@ def test_branch_tree_is_the_trie_of_the_chains(chains, max_nodes):
 
 def test_batch_pads_rows_and_gives_each_row_its_depth():
     """Node 0 is the row's last token; a shorter row is padded with root children repeating
-    its first candidate (a row without drafts repeats token 0), which counts as depth 1."""
+    its first candidate (a row without drafts repeats token 0 and has depth 0: it tested
+    nothing)."""
     trees = [branch_tree([[5, 6, 7], [8]], 10), ([], []), branch_tree([[3]], 10)]
     ids, parents, depth, depths = batch_text_trees(trees, [1, 2, 4])
     assert ids.tolist() == [[1, 5, 6, 7, 8], [2, 0, 0, 0, 0], [4, 3, 3, 3, 3]]
     assert parents.tolist() == [[-1, 0, 1, 2, 0], [-1, 0, 0, 0, 0], [-1, 0, 0, 0, 0]]
-    assert depth == 3 and depths == [3, 1, 1]
+    assert depth == 3 and depths == [3, 0, 1]
     ids, parents, depth, depths = batch_text_trees([([], [])], [7])
     assert ids.tolist() == [[7]] and parents.tolist() == [[-1]] and depth == 0 and depths == [0]
     assert ids.dtype == parents.dtype == torch.int64
+
+
+def test_a_row_without_a_tree_emits_its_first_token_alone():
+    """commit_text_trees: a row of depth 0 whose padding (token 0) verify accepted emits that
+    first token alone and counts no drafts tested (they were padding, not drafts: counting
+    them would lower the row's acceptance estimate for nothing); a row with a tree counts its
+    own depth, not the step's."""
+    from types import SimpleNamespace
+    from specdec_ext.engine.tree import commit_text_trees
+    run = SimpleNamespace(active=[True, True, False], pending=[[], [], []], generated=[[], [3], []],
+                          max_new_tokens=10, eos=frozenset())
+    d = 3  # packed: tokens [d+1], num_accepted, valid, draft_ok, path [d+1]
+    rows = [[0, 9, -1, -1, 1, 1, 1, 0, 1, -1, -1],
+            [5, 6, -1, -1, 1, 1, 1, 0, 2, -1, -1],
+            [0, -1, -1, -1, 0, 1, 1, 0, -1, -1, -1]]
+    pad, tree, done = commit_text_trees(run, rows, d, [0, 2, 0])
+    assert (pad.emitted, pad.tested, pad.accepted, pad.kept_target) == ([0], 0, 0, 1)
+    assert (tree.emitted, tree.tested, tree.accepted, tree.kept_target) == ([5, 6], 2, 1, 2)
+    assert done is None

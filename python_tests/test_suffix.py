@@ -222,6 +222,32 @@ def test_greedy_bigram_and_eos(tree):
         assert eng.target.history(b) == seq[:-1]  # the target holds every emitted token but the last
 
 
+def test_a_tree_row_without_a_match_tests_no_drafts(monkeypatch):
+    """In a suffix-tree step a row without a proposal is padded to the step's width; it tests
+    no drafts (its K is 0 in the stats, as in a chain step, and it emits one token per step),
+    while the other rows draft: the text stays target-only's."""
+    from specdec_ext.engine import suffix as suffix_module
+    t = _table(3, scale=0.5)
+    for a, b in ((1, 2), (2, 3), (3, 1), (0, 1), (4, 1), (5, 2)):
+        t[a, b] += 2.5
+    ids, mask = ragged_prompts(vocab=V, seed=4)
+    rows, propose = [], suffix_module.SuffixRow.propose_tree
+    init = suffix_module.SuffixRow.__init__
+
+    def record(self, *a):
+        init(self, *a)
+        rows.append(self)
+    monkeypatch.setattr(suffix_module.SuffixRow, "__init__", record)
+    monkeypatch.setattr(suffix_module.SuffixRow, "propose_tree",
+                        lambda self, k: ([], [], []) if self is rows[1] else propose(self, k))
+    ref = SpeculativeEngine(BigramModel(t), "ngram", k=0).generate(ids, 25, attention_mask=mask)
+    out = SpeculativeEngine(TreeBigram(t), None, k=4, adaptive_k=False, drafter="suffix",
+                            suffix=SuffixConfig(tree=True)).generate(ids, 25, attention_mask=mask)
+    assert out.generated == ref.generated
+    assert set(out.stats[1].ks) == {0} and set(out.stats[1].emitted) == {1}
+    assert sum(out.stats[0].ks) > 0 and out.stats[0].accepted > 0
+
+
 def test_global_index_carries_over_and_evicts_fifo():
     """Prompt A's output is drafted for prompt B, which continues the same way; the index
     keeps the last max_cached_requests outputs."""

@@ -188,7 +188,9 @@ class SpeculativeEngine:
         A step where the head drafts for a row scores a small tree for it (:mod:`.head_tree`):
         branch j starts with the head's (j+1)-th most likely first token and goes on greedily,
         max(1, K - j) nodes, verified by :func:`specdec_ext.verify_tree` (deterministic
-        candidates: exact at any temperature). 1: a chain, verified like n-gram drafts.
+        candidates: exact at any temperature; ``verify_mode`` 'block' and 'exact' are one rule
+        for such drafts, so a tree step uses verify_tree under either). 1: a chain, verified
+        like n-gram drafts. ``head_branches`` must not exceed the head's draft vocabulary.
         Needs :attr:`SpecModel.supports_tree`. Coupled mode, and batches of more than
         :data:`HEAD_TREE_MAX_ROWS` (4) rows, draft chains.
     datastore : Datastore, optional (drafters 'ngram' and 'hybrid'): a fixed corpus of token
@@ -268,6 +270,14 @@ class SpeculativeEngine:
         if self.head is not None and self.head_branches > 1 and not self.target.supports_tree:
             raise ValueError(f"head_branches={self.head_branches} drafts trees, which {type(self.target).__name__} "
                              "cannot score (supports_tree is False); pass head_branches=1")
+        self._check_head_branches()
+
+    def _check_head_branches(self) -> None:
+        """head_branches distinct first drafts need a draft vocabulary of as many tokens
+        (checked again at each generate: the head's vocabulary may have changed since)."""
+        if self.head is not None and self.head_branches > self.head.draft_vocab_size:
+            raise ValueError(f"head_branches={self.head_branches} exceeds the head's draft vocabulary of "
+                             f"{self.head.draft_vocab_size} tokens (DraftHead.set_draft_vocab)")
 
     def _check_head(self, head):
         """The draft head (drafter 'head'), after checking that it reads this target."""
@@ -384,6 +394,7 @@ class SpeculativeEngine:
     # ------------------------------------------------------------------ phases of a run
     def _start(self, input_ids, max_new_tokens, temperature, seed, eos_token_id, attention_mask, filters) -> Run:
         """Check the arguments, size and prefill both caches; the run's initial state."""
+        self._check_head_branches()
         V = self.target.vocab_size
         ids, prompts = check_prompts(input_ids, attention_mask, V)
         B = len(prompts)

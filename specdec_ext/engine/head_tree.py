@@ -18,9 +18,8 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-from .commit import commit_step
 from .phases import check_rows, drop_entries
-from .tree import batch_text_trees, score_text_tree
+from .tree import batch_text_trees, commit_text_trees, score_text_tree
 
 __all__ = ["head_tree_step", "branch_tree"]
 
@@ -81,7 +80,6 @@ def head_tree_step(engine, run, sync, text, head_source: str, head_drafts: int, 
     the step's entries only where the path left the first branch) -> the rows' features.
     ``t0``, ``timer``: the step's start and its phase timer, marked before the text lookup
     (so the lookup counts as drafting)."""
-    B = len(run.prompts)
     props, sources = text
     with sync:
         sources = [head_source if use else sources[b] for b, use in enumerate(engine._head_rows(run, props))]
@@ -91,9 +89,7 @@ def head_tree_step(engine, run, sync, text, head_source: str, head_drafts: int, 
         _, packed, N = score_text_tree(engine, run, ids, parents, depth, timer)
     rows = packed.cpu().tolist()  # the step's ONE device -> host copy
     check_rows(rows, depth, run.active, run.step)
-    commits = commit_step(rows, depth, run.active, run.pending, [len(g) for g in run.generated],
-                          run.max_new_tokens, run.eos, ["idle"] * B,
-                          [depths[b] if run.active[b] else depth for b in range(B)])
+    commits = commit_text_trees(run, rows, depth, depths)
     # row b's emitted tokens came from its path's first kept_target nodes (packed: path at
     # columns depth + 4 ..); the cache keeps those entries, and the last one's hidden state
     # is the row's next feature
@@ -107,4 +103,4 @@ def head_tree_step(engine, run, sync, text, head_source: str, head_drafts: int, 
     engine._keep_head_features(run, [p[-1] if p else -1 for p in paths])
     run.apply(commits, depth)
     run.last = engine._to_device(torch.tensor(run.last_tokens(), dtype=torch.int64))
-    engine._account(run, depth, commits, timer.read(), time.perf_counter() - t0, width=N)
+    engine._account(run, depth, commits, timer.read(), time.perf_counter() - t0, width=N, model_drafted=False)

@@ -38,9 +38,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from .._validate import check_int
-from .commit import commit_step
 from .phases import check_rows, drop_entries
-from .tree import batch_text_trees, score_text_tree
+from .tree import batch_text_trees, commit_text_trees, score_text_tree
 
 __all__ = ["GlobalSuffixCache", "SuffixConfig", "SuffixRow", "suffix_tree_step"]
 
@@ -206,15 +205,14 @@ def suffix_tree_step(engine, run, sync) -> None:
         trees = [run.ngram[b].propose_tree(max(0, min(engine.k_max, run.max_new_tokens - len(run.generated[b]) - 1,
                                                       room)))
                  if run.active[b] else ([], [], []) for b in range(B)]
-        ids, parents, depth, _ = batch_text_trees(trees, run.last_tokens())
+        ids, parents, depth, depths = batch_text_trees(trees, run.last_tokens())
         result, packed, N = score_text_tree(engine, run, ids, parents, depth, timer)
         _, path, num_accepted, valid = result
         engine.target.compact(N, path, torch.where(valid, num_accepted + 1, 0))
     rows = packed.cpu().tolist()  # the step's ONE device -> host copy
     check_rows(rows, depth, run.active, run.step)
-    commits = commit_step(rows, depth, run.active, run.pending, [len(g) for g in run.generated],
-                          run.max_new_tokens, run.eos, ["idle"] * B)
+    commits = commit_text_trees(run, rows, depth, depths)
     drop_entries(engine.target, [N - (c.kept_target if c else 0) for c in commits])
     run.apply(commits, depth)
     run.last = engine._to_device(torch.tensor(run.last_tokens(), dtype=torch.int64))
-    engine._account(run, depth, commits, timer.read(), time.perf_counter() - t0, width=N)
+    engine._account(run, depth, commits, timer.read(), time.perf_counter() - t0, width=N, model_drafted=False)

@@ -39,11 +39,12 @@ from ..cache import TreeNodes
 from ..models.base import SpecModel
 from ..ops.sampling import sample
 from ..ops.tree import TreeVerifyResult, verify_tree
+from .commit import commit_step
 from .inputs import SamplingArgs
 from .phases import ToDevice, catch_up
 from .rng_keys import StepKeys
 
-__all__ = ["TREE_MODES", "TreeShape", "batch_text_trees", "choose_depth", "compact_caches", "draft_entries",
+__all__ = ["TREE_MODES", "TreeShape", "batch_text_trees", "choose_depth", "commit_text_trees", "compact_caches", "draft_entries",
            "draft_tree", "score_text_tree", "verify_tree_phase"]
 
 #: how the draft picks a node's children: i.i.d. draws from q (exact multi-draft sampling), or its top-b
@@ -205,9 +206,9 @@ def batch_text_trees(trees: Sequence[Sequence[Sequence[int]]], last: Sequence[in
     -1 = after the row's last token, else an earlier node's index) -> (tree_ids int64 [B, N],
     parents int64 [B, N], the step's depth, each row's depth). Node 0 is the row's last token,
     then its tree's nodes (parent p -> p + 1); a row with fewer nodes is padded with children
-    of the root repeating its first candidate (token 0 for a row without any), which gives
-    the row depth 1 (a repeated deterministic candidate is never accepted twice: verify_tree
-    zeroes it after a rejection)."""
+    of the root repeating its first candidate (a repeated deterministic candidate is never
+    accepted twice: verify_tree zeroes it after a rejection). A row without a tree is padded
+    with token 0 and has depth 0: :func:`commit_text_trees` keeps its first token alone."""
     N = 1 + max((len(t[0]) for t in trees), default=0)
     ids, par, depths = [], [], []
     for b, tree in enumerate(trees):
@@ -216,11 +217,26 @@ def batch_text_trees(trees: Sequence[Sequence[Sequence[int]]], last: Sequence[in
         for i, p in enumerate(parents):
             d[i + 1] = d[p + 1] + 1
         pad = N - 1 - len(tokens)
-        depths.append(max(max(d), 1 if pad else 0))
+        depths.append(max(d))
         ids.append([last[b]] + list(tokens) + [tokens[0] if tokens else 0] * pad)
         par.append([-1] + [p + 1 for p in parents] + [0] * pad)
     return (torch.tensor(ids, dtype=torch.int64), torch.tensor(par, dtype=torch.int64),
             max(depths, default=0), depths)
+
+
+def commit_text_trees(run, rows: List[List[int]], depth: int, depths: Sequence[int]):
+    """:func:`.commit.commit_step` for a step of :func:`batch_text_trees` (no draft model):
+    row b tested ``depths[b]`` drafts (its tree's depth). A row without a tree (depth 0) may
+    still have its padding accepted: its ``num_accepted`` in ``rows`` is set to 0, so that it
+    emits its first token alone. That stays exact: the first token's law is the target's
+    whether or not a candidate was accepted, and the cut was decided before verification.
+    Returns the rows' commits (None for a finished row)."""
+    for b, row in enumerate(rows):
+        if depths[b] == 0:
+            row[depth + 1] = 0
+    B = len(rows)
+    return commit_step(rows, depth, run.active, run.pending, [len(g) for g in run.generated], run.max_new_tokens,
+                       run.eos, ["idle"] * B, list(depths))
 
 
 def score_text_tree(engine, run, ids: torch.Tensor, parents: torch.Tensor, depth: int, timer):

@@ -96,6 +96,11 @@ class DraftHead(nn.Module):
         self.draft_vocab = token_ids
         self._prep_key = None
 
+    @property
+    def draft_vocab_size(self) -> int:
+        """How many tokens the head may draft: the size of :attr:`draft_vocab`, or V."""
+        return self.target.vocab_size if self.draft_vocab is None else self.draft_vocab.numel()
+
     @torch.no_grad()
     def propose(self, feats: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tensor:
         """Greedy drafts: feats [B, H] (the target's final hidden state that produced
@@ -119,7 +124,7 @@ class DraftHead(nn.Module):
         on greedily (branch 0 is :meth:`propose`'s chain, ties aside). The first tokens of the
         branches are distinct, so the branches form a tree of ``branches`` chains below the
         row's last token."""
-        vocab = self.target.vocab_size if self.draft_vocab is None else self.draft_vocab.numel()
+        vocab = self.draft_vocab_size
         if not 1 <= branches <= vocab:
             raise ValueError(f"branches must be in [1, {vocab}], got {branches}")
         if k < 1:
