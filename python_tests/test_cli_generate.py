@@ -127,7 +127,8 @@ def test_help_shows_defaults_and_explains_alpha(capsys):
     assert rc == 0
     flat = " ".join(out.split())
     for text in ("tokens to generate at most (default: 128)", "(default: 3)",
-                 "default 16 for --drafter ngram / hybrid / suffix chains (drafts from the text cost no model step), 5 otherwise",
+                 "default 16 for --drafter head / ngram / hybrid / suffix chains (drafts from the text or the head cost no "
+                 "model step), 5 otherwise",
                  "(default: float32)", "(default: 0)", "Leviathan", "alpha >= acceptance", "min-max over N rounds"):
         assert text in flat, text
 

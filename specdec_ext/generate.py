@@ -1,7 +1,7 @@
 """python -m specdec_ext.generate: speculative decoding from the command line.
 
     python -m specdec_ext.generate --prompt "def fibonacci(n):"          # the bundled pair
-    python -m specdec_ext.generate --target DIR --draft DIR --prompt-ids 1 2 3 [--k 5] [--fixed-k]
+    python -m specdec_ext.generate --target DIR --draft DIR --drafter model --prompt-ids 1 2 3 [--k 5] [--fixed-k]
 
 With no --target / --draft the pair shipped with the package is used (offline) and a
 text --prompt is tokenized with its tokenizer; DIR is any Hugging Face Llama checkpoint
@@ -15,8 +15,9 @@ target-only runs are timed interleaved and the median speedup is printed with it
 min-max (skip the target-only runs with --no-baseline: one timed run). With --drafter
 head (the default with the bundled pair: prompt-lookup drafts where the text has a match, the
 target's draft head elsewhere, branching at its first draft into --head-branches chains scored
-as one tree; --draft-head DIR gives one for --target DIR), ngram (the default
-with --target DIR) or suffix no draft model is used.
+as one tree; --draft-head DIR gives one for --target DIR, and makes head the default there too),
+ngram (the default with --target DIR and no --draft-head, and with --hf, --compile or
+--datastore) or suffix no draft model is used.
 --prompt-file FILE runs its prompts (one per line, or JSON lines {"prompt": ...}) one after
 another in ONE engine, so --drafter suffix drafts from the earlier prompts' outputs too;
 the summary then covers the whole run (each round a fresh engine over every prompt).
@@ -120,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog=PROG, description=__doc__, epilog=EPILOG, formatter_class=_HelpFormatter)
     ap.add_argument("--target", help="target checkpoint directory (default: the bundled pair)")
     ap.add_argument("--draft", help="draft checkpoint directory (default: the bundled pair's draft; "
-                                    "needed with --target unless --drafter ngram)")
+                                    "needed with --target when the drafter is model or hybrid)")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (bundled pair's tokenizer, or DIR/tokenizer.json)")
     src.add_argument("--prompt-ids", type=int_in(0), nargs="+", help="prompt token ids")
@@ -134,8 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"timed rounds, each one speculative and one target-only run, interleaved; the "
                          f"summary gives the median speedup and its spread (default: {DEFAULT_ROUNDS})")
     ap.add_argument("--k", type=int_in(0), default=None,
-                    help=f"drafts per step (the maximum when adapting); default {DEFAULT_K_TEXT} for --drafter ngram "
-                         f"/ hybrid / suffix chains (drafts from the text cost no model step), {DEFAULT_K_MODEL} otherwise")
+                    help=f"drafts per step (the maximum when adapting); default {DEFAULT_K_TEXT} for --drafter head / "
+                         f"ngram / hybrid / suffix chains (drafts from the text or the head cost no model step), "
+                         f"{DEFAULT_K_MODEL} otherwise")
     ap.add_argument("--adaptive", nargs="?", const="cost", default=None, choices=["cost", "threshold", "budget"],
                     help="adapt K in [0, k] by the expected speedup from alpha and the measured step costs "
                          "(default: cost, per row), by 'threshold' (the simple rule), or by 'budget' (one "
@@ -143,9 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fixed-k", action="store_true", help="always draft exactly --k tokens (no adaptation)")
     ap.add_argument("--drafter", choices=["model", "ngram", "hybrid", "suffix", "head"], default=None,
                     help="where drafts come from: head (n-gram where a match exists, the target's draft head "
-                         "elsewhere; the default with the bundled pair, measured fastest there), the draft model, "
-                         "prompt lookup (n-gram) in the prompt and output (default with --target DIR; with --tree: "
-                         "model), hybrid (n-gram where a match exists and the model elsewhere), or suffix (a suffix "
+                         "elsewhere; the default with the bundled pair, measured fastest there, and with --draft-head), the "
+                         "draft model (with --tree), prompt lookup (n-gram) in the prompt and output (the default "
+                         "with --target DIR and no --draft-head, and with --hf, --compile or --datastore), hybrid (n-gram where a match exists and the model elsewhere), or suffix (a suffix "
                          "index of the prompt and output and of the engine's earlier outputs, e.g. the earlier "
                          "prompts of a prompt file)")
     ap.add_argument("--draft-head", metavar="DIR", default=None,
@@ -274,7 +276,7 @@ def _check_pair(ap: argparse.ArgumentParser, args) -> None:
     if args.draft is not None and args.target is None:
         ap.error("--draft needs --target (without both, the bundled pair is used)")
     if args.target is not None and args.draft is None and _uses_draft_model(args):
-        ap.error(f"--drafter {args.drafter} needs --draft DIR (or --drafter ngram / suffix, which need no draft model)")
+        ap.error(f"--drafter {args.drafter} needs --draft DIR (or --drafter ngram / suffix / head, which need no draft model)")
 
 
 def _check_transformers(ap: argparse.ArgumentParser, args) -> None:

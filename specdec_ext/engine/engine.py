@@ -166,7 +166,7 @@ class SpeculativeEngine:
         The cost model adaptive K starts from. Default: frozen at the models' parameter
         ratio when ``generate`` gets a seed (reproducible), measured online otherwise; with
         n-gram drafting a draft step costs nothing.
-    drafter : 'auto' | 'model' | 'ngram' | 'hybrid'
+    drafter : 'auto' | 'model' | 'ngram' | 'hybrid' | 'suffix' | 'head'
         'auto': the draft model if one is given, else n-gram. 'hybrid': n-gram drafts
         (:mod:`.ngram`: the tokens that followed the latest earlier occurrence of the row's
         last ``max_ngram``..1 tokens in its prompt and output, a loop that reaches the end of
