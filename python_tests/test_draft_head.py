@@ -49,6 +49,14 @@ def _batch(tok, prompts):
     return batch, mask
 
 
+def _count_tree_passes(eng):
+    """A list that gets one entry per ``forward_tree`` call of the engine's target."""
+    calls = []
+    forward_tree = eng.target.forward_tree
+    eng.target.forward_tree = lambda *a: (calls.append(1), forward_tree(*a))[1]
+    return calls
+
+
 # ---------------------------------------------------------------- the head itself
 def _slow_chain(head, feats, tokens, k):
     """The recurrence as trained (:meth:`DraftHead.step` then :meth:`DraftHead.logits`), each
@@ -236,9 +244,7 @@ def test_a_row_given_no_drafts_in_a_tree_step_tests_none(pair, monkeypatch, temp
         return [k if b != 1 else 0 for b, k in enumerate(ks)]
     monkeypatch.setattr(run_module.Run, "choose_ks", no_drafts_for_row_1)
     eng = SpeculativeEngine(target, None, k=8, drafter="head", draft_head=head)
-    calls = []
-    forward_tree = eng.target.forward_tree
-    eng.target.forward_tree = lambda *a: (calls.append(1), forward_tree(*a))[1]
+    calls = _count_tree_passes(eng)
     out = eng.generate(batch, 24, attention_mask=mask, temperature=temperature, seed=1)
     assert calls, "the head drafted trees for row 0"
     assert set(out.stats[1].ks) == {0} and set(out.stats[1].emitted) == {1}
@@ -270,9 +276,7 @@ def test_head_trees_run_for_small_batches_only(pair, rows, trees):
     tok = bundled.load_tokenizer()
     batch, mask = _batch(tok, (PROMPTS + ["(", "def f(x):"])[:rows])
     eng = SpeculativeEngine(target, None, k=8, drafter="head", draft_head=head)
-    calls = []
-    forward_tree = eng.target.forward_tree
-    eng.target.forward_tree = lambda *a: (calls.append(1), forward_tree(*a))[1]
+    calls = _count_tree_passes(eng)
     out = eng.generate(batch, 24, attention_mask=mask)
     plain = SpeculativeEngine(target, None, k=0).generate(batch, 24, attention_mask=mask)
     assert out.generated == plain.generated
@@ -380,9 +384,7 @@ def test_first_three_tokens_follow_the_target_exactly(tiny, mode, branches, monk
     monkeypatch.setattr(engine_module, "HEAD_TREE_MAX_ROWS", n)
     eng = SpeculativeEngine(LlamaSpecModel(ref), None, k=3, adaptive_k=False, drafter="head", draft_head=head,
                             verify_mode=mode, head_branches=branches)
-    calls = []
-    forward_tree = eng.target.forward_tree
-    eng.target.forward_tree = lambda *a: (calls.append(1), forward_tree(*a))[1]
+    calls = _count_tree_passes(eng)
     out = eng.generate(torch.tensor([prompt]).repeat(n, 1), 4, temperature=0.8, top_k=5, seed=3)
     assert bool(calls) == (branches > 1), "trees are scored exactly when the head branches"
     assert {s.ks[0] for s in out.stats} == {3}, "the first step drafted 3 head tokens in every row"

@@ -186,6 +186,15 @@ def _table(seed, scale=1.5):
     return torch.randn(V, V, generator=torch.Generator().manual_seed(seed)) * scale
 
 
+def _looping_table():
+    """A bigram table whose greedy text loops 1 -> 2 -> 3 -> 1 (the others lead into it), so
+    suffix drafts get accepted."""
+    t = _table(3, scale=0.5)
+    for a, b in ((1, 2), (2, 3), (3, 1), (0, 1), (4, 1), (5, 2)):
+        t[a, b] += 2.5
+    return t
+
+
 @pytest.fixture(scope="module")
 def llama():
     return tiny_llama(64, 2, seed=1)
@@ -208,9 +217,7 @@ def test_greedy_equals_target_generate(llama, cache, tree):
 
 @pytest.mark.parametrize("tree", [False, True])
 def test_greedy_bigram_and_eos(tree):
-    t = _table(3, scale=0.5)
-    for a, b in ((1, 2), (2, 3), (3, 1), (0, 1), (4, 1), (5, 2)):
-        t[a, b] += 2.5
+    t = _looping_table()
     ids, mask = ragged_prompts(vocab=V, seed=4)
     ref = SpeculativeEngine(BigramModel(t), "ngram", k=0).generate(ids, 25, attention_mask=mask, eos_token_id=5)
     eng = SpeculativeEngine(TreeBigram(t), None, k=4, adaptive_k=False, drafter="suffix",
@@ -227,9 +234,7 @@ def test_a_tree_row_without_a_match_tests_no_drafts(monkeypatch):
     no drafts (its K is 0 in the stats, as in a chain step, and it emits one token per step),
     while the other rows draft: the text stays target-only's."""
     from specdec_ext.engine import suffix as suffix_module
-    t = _table(3, scale=0.5)
-    for a, b in ((1, 2), (2, 3), (3, 1), (0, 1), (4, 1), (5, 2)):
-        t[a, b] += 2.5
+    t = _looping_table()
     ids, mask = ragged_prompts(vocab=V, seed=4)
     rows, propose = [], suffix_module.SuffixRow.propose_tree
     init = suffix_module.SuffixRow.__init__

@@ -145,11 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fixed-k", action="store_true", help="always draft exactly --k tokens (no adaptation)")
     ap.add_argument("--drafter", choices=["model", "ngram", "hybrid", "suffix", "head"], default=None,
                     help="where drafts come from: head (n-gram where a match exists, the target's draft head "
-                         "elsewhere; the default with the bundled pair, measured fastest there, and with --draft-head), the "
-                         "draft model (with --tree), prompt lookup (n-gram) in the prompt and output (the default "
-                         "with --target DIR and no --draft-head, and with --hf, --compile or --datastore), hybrid (n-gram where a match exists and the model elsewhere), or suffix (a suffix "
-                         "index of the prompt and output and of the engine's earlier outputs, e.g. the earlier "
-                         "prompts of a prompt file)")
+                         "elsewhere; the default with the bundled pair, measured fastest there, and with "
+                         "--draft-head), the draft model (with --tree), prompt lookup (n-gram) in the prompt and "
+                         "output (the default with --target DIR and no --draft-head, and with --hf, --compile or "
+                         "--datastore), hybrid (n-gram where a match exists and the model elsewhere), or suffix (a "
+                         "suffix index of the prompt and output and of the engine's earlier outputs, e.g. the "
+                         "earlier prompts of a prompt file)")
     ap.add_argument("--draft-head", metavar="DIR", default=None,
                     help="--drafter head: the head's directory (DraftHead.save_pretrained; default: the bundled "
                          "target's head, so needed with --target DIR)")
@@ -276,7 +277,8 @@ def _check_pair(ap: argparse.ArgumentParser, args) -> None:
     if args.draft is not None and args.target is None:
         ap.error("--draft needs --target (without both, the bundled pair is used)")
     if args.target is not None and args.draft is None and _uses_draft_model(args):
-        ap.error(f"--drafter {args.drafter} needs --draft DIR (or --drafter ngram / suffix / head, which need no draft model)")
+        ap.error(f"--drafter {args.drafter} needs --draft DIR (or --drafter ngram / suffix / head, which need no "
+                 "draft model)")
 
 
 def _check_transformers(ap: argparse.ArgumentParser, args) -> None:

@@ -44,8 +44,8 @@ from .inputs import SamplingArgs
 from .phases import ToDevice, catch_up
 from .rng_keys import StepKeys
 
-__all__ = ["TREE_MODES", "TreeShape", "batch_text_trees", "choose_depth", "commit_text_trees", "compact_caches", "draft_entries",
-           "draft_tree", "score_text_tree", "verify_tree_phase"]
+__all__ = ["TREE_MODES", "TreeShape", "batch_text_trees", "choose_depth", "commit_text_trees", "compact_caches",
+           "draft_entries", "draft_tree", "score_text_tree", "verify_tree_phase"]
 
 #: how the draft picks a node's children: i.i.d. draws from q (exact multi-draft sampling), or its top-b
 TREE_MODES = ("sampled", "topk")
